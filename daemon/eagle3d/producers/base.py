@@ -1,0 +1,77 @@
+"""The producer seam: how the daemon asks for hidden states without trusting the answer.
+
+A producer receives :class:`Request` objects and, for each, eventually drops one dump file
+(see :mod:`eagle3d.dump`) named after ``Request.rid`` into the dump directory. The daemon
+never takes a producer's word for completion: it watches the dump directory itself, validates
+every dump against what it sent, and commits it. A producer reports only what the dump area
+cannot show: a request that failed outright, and its own up/down state.
+
+Implementations: :mod:`eagle3d.producers.hf` (Hugging Face model in worker processes) and
+:mod:`eagle3d.producers.sglang` (HTTP client of an SGLang server running our capture hook).
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from eagle3proto.events import ProducerHealth
+
+
+@dataclass(slots=True)
+class Request:
+    """One attempt at one sample."""
+
+    rid: str  # unique per attempt; the dump file is named after it
+    idx: int  # the sample id (0-based dataset line)
+    input_ids: list[int]
+    attempt: int = 1
+    sent_at: float = 0.0  # monotonic time the daemon sent it
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+class ProducerEvents(Protocol):
+    """Callbacks a producer uses to tell the daemon what the dump area cannot show.
+
+    They may be called from any thread; the daemon makes them thread-safe.
+    """
+
+    def request_failed(self, rid: str, error: str, message: str, retryable: bool) -> None:
+        """The request will produce no dump (bad input, server error, worker crash)."""
+
+    def producer_state(self, state: str, message: str = "") -> None:
+        """``up``, ``down`` or ``restarting`` with a human reason."""
+
+
+class Producer(abc.ABC):
+    """Base class of producers. All methods are called from the daemon's event loop."""
+
+    name: str = "producer"
+
+    @abc.abstractmethod
+    async def start(self, events: ProducerEvents) -> None:
+        """Start (load the model, connect to the server). Returns once ready for requests."""
+
+    @abc.abstractmethod
+    def submit(self, request: Request) -> None:
+        """Queue one request. Must not block; failures are reported via ``request_failed``."""
+
+    def cancel(self, rid: str) -> None:  # noqa: B027 - optional hook
+        """Forget a request (timed out on the daemon's side). Best effort."""
+
+    @abc.abstractmethod
+    def health(self) -> ProducerHealth:
+        """Current health, for ``stats`` records."""
+
+    def window(self) -> int:
+        """How many requests the daemon may keep in flight."""
+        return 64
+
+    def is_stuck(self, now: float) -> bool:
+        """True when the producer has work but makes no progress (feeds the watchdog)."""
+        return False
+
+    @abc.abstractmethod
+    async def stop(self) -> None:
+        """Stop and release everything (worker processes, connections)."""

@@ -1,0 +1,417 @@
+"""The pure fold from events to the snapshot every monitor shows.
+
+:class:`ShardState` is the whole state of one shard's journal after some prefix of it; it
+is a msgspec struct, so the daemon can send it to a subscriber as the snapshot, and the
+subscriber keeps folding live records onto it. :func:`view` turns a state into the numbers a
+screen shows, given ``now``: time is an argument, never read here.
+
+Counters (distinct samples, never requests):
+
+* ``saved``: committed; ``failed``: recorded as failed for good;
+* ``in_flight``: sent, no dump yet; ``committing``: dump arrived, not yet saved;
+* ``dumped = saved + committing`` and ``sent = dumped + in_flight``, so the two gaps
+  between the columns are exactly what is in flight and what is committing.
+
+``requests`` counts every attempt sent (retries included): that is what a server's own
+request counter sees, and why it runs ahead of ``saved``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import msgspec
+
+from . import events as ev
+
+HISTORY_SECONDS = 900
+MAX_ERRORS = 50
+SENT, DUMPED = 1, 2
+
+
+class Bucket(msgspec.Struct, array_like=True):
+    """Work saved during one wall-clock second."""
+
+    t: int
+    samples: int = 0
+    tokens: int = 0
+    bytes: int = 0
+
+
+class ErrorInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
+    idx: int
+    error: str
+    message: str = ""
+    attempt: int = 1
+    retry: bool = False
+    ts: float = 0.0
+
+
+class ShardState(msgspec.Struct, kw_only=True):
+    """Everything folded from one shard's journal so far."""
+
+    run: str = ""
+    seq: int = -1
+    job: ev.JobInfo | None = None
+    total: int = -1
+    session: int = 0
+    state: str = "empty"  # empty | running | paused | draining | finished | stopped
+    state_reason: str = ""
+    saved: int = 0
+    failed: int = 0
+    in_flight: int = 0
+    committing: int = 0
+    requests: int = 0
+    retries: int = 0
+    orphans: int = 0
+    bytes_saved: int = 0
+    tokens_saved: int = 0
+    stage: dict[int, int] = {}
+    failed_idx: dict[int, str] = {}
+    last_ts: dict[str, float] = {}
+    changed: dict[str, float] = {}
+    history: list[Bucket] = []
+    errors: list[ErrorInfo] = []
+    stats: ev.Stats | None = None
+    producer: str = ""
+    recovered: list[str] = []
+    unknown_kinds: int = 0
+    first_ts: float = 0.0
+    session_start_ts: float = 0.0
+
+
+def new_state() -> ShardState:
+    return ShardState()
+
+
+def apply(s: ShardState, e: ev.AnyEvent) -> None:
+    """Fold one event into the state (in place)."""
+    s.seq = e.seq
+    s.run = e.run
+    if not s.first_ts:
+        s.first_ts = e.ts
+    kind = e.kind
+    s.last_ts[kind] = e.ts
+    handler = _HANDLERS.get(kind)
+    if handler is None:
+        s.unknown_kinds += 1
+        return
+    handler(s, e)
+
+
+def apply_all(s: ShardState, events: Iterable[ev.AnyEvent]) -> ShardState:
+    for e in events:
+        apply(s, e)
+    return s
+
+
+def _set_stage(s: ShardState, idx: int, new: int, ts: float) -> None:
+    old = s.stage.get(idx, 0)
+    if old == new:
+        return
+    if old == SENT:
+        s.in_flight -= 1
+    elif old == DUMPED:
+        s.committing -= 1
+    if new == SENT:
+        s.in_flight += 1
+        s.stage[idx] = new
+    elif new == DUMPED:
+        s.committing += 1
+        s.stage[idx] = new
+    else:
+        s.stage.pop(idx, None)
+    s.changed["sent"] = ts
+
+
+def _run_started(s: ShardState, e: ev.RunStarted) -> None:
+    # A new session: whatever the last one had in flight is pending again.
+    s.stage.clear()
+    s.in_flight = s.committing = 0
+    s.job = e.job
+    s.total = e.total
+    s.session = e.session
+    s.state = "running"
+    s.state_reason = ""
+    s.session_start_ts = e.ts
+    s.changed["sent"] = e.ts
+
+
+def _sent(s: ShardState, e: ev.SampleSent) -> None:
+    s.requests += 1
+    if e.attempt > 1:
+        s.retries += 1
+    _set_stage(s, e.idx, SENT, e.ts)
+
+
+def _dumped(s: ShardState, e: ev.SampleDumped) -> None:
+    if e.idx in s.stage:
+        _set_stage(s, e.idx, DUMPED, e.ts)
+        s.changed["dumped"] = e.ts
+
+
+def _saved(s: ShardState, e: ev.SampleSaved) -> None:
+    _set_stage(s, e.idx, 0, e.ts)
+    if s.failed_idx.pop(e.idx, None) is not None:
+        s.failed -= 1
+    s.saved += 1
+    s.bytes_saved += e.bytes
+    s.tokens_saved += e.tokens
+    s.changed["saved"] = e.ts
+    s.changed["dumped"] = e.ts
+    t = int(e.ts)
+    h = s.history
+    if h and h[-1].t == t:
+        b = h[-1]
+    else:
+        b = Bucket(t)
+        h.append(b)
+        if len(h) > HISTORY_SECONDS or h[0].t <= t - HISTORY_SECONDS:
+            s.history = [x for x in h if x.t > t - HISTORY_SECONDS]
+    b.samples += 1
+    b.tokens += e.tokens
+    b.bytes += e.bytes
+
+
+def _failed(s: ShardState, e: ev.SampleFailed) -> None:
+    s.errors.append(
+        ErrorInfo(
+            idx=e.idx, error=e.error, message=e.message, attempt=e.attempt, retry=e.retry, ts=e.ts
+        )
+    )
+    if len(s.errors) > MAX_ERRORS:
+        del s.errors[0]
+    if e.retry:
+        return
+    _set_stage(s, e.idx, 0, e.ts)
+    if e.idx not in s.failed_idx:
+        s.failed_idx[e.idx] = e.error
+        s.failed += 1
+    s.changed["failed"] = e.ts
+
+
+def _stats(s: ShardState, e: ev.Stats) -> None:
+    s.stats = e
+    s.orphans = max(s.orphans, e.orphans)
+
+
+def _run_state(s: ShardState, e: ev.RunState) -> None:
+    s.state = e.state
+    s.state_reason = e.reason
+
+
+def _producer(s: ShardState, e: ev.ProducerEvent) -> None:
+    s.producer = e.state
+
+
+def _orphan(s: ShardState, e: ev.DumpOrphan) -> None:
+    s.orphans += 1
+
+
+def _stopped(s: ShardState, e: ev.RunStopped) -> None:
+    s.stage.clear()
+    s.in_flight = s.committing = 0
+    s.state = "stopped"
+    s.state_reason = e.reason
+
+
+def _finished(s: ShardState, e: ev.RunFinished) -> None:
+    s.stage.clear()
+    s.in_flight = s.committing = 0
+    s.state = "finished"
+    s.state_reason = ""
+
+
+def _recovered(s: ShardState, e: ev.Recovered) -> None:
+    s.recovered.append(f"{e.segment}@{e.offset}: {e.reason}, {e.dropped_bytes} bytes set aside")
+
+
+_HANDLERS = {
+    "run_started": _run_started,
+    "sample_sent": _sent,
+    "sample_dumped": _dumped,
+    "sample_saved": _saved,
+    "sample_failed": _failed,
+    "stats": _stats,
+    "run_state": _run_state,
+    "producer": _producer,
+    "dump_orphan": _orphan,
+    "run_stopped": _stopped,
+    "run_finished": _finished,
+    "recovered": _recovered,
+}
+
+
+# -- the view: pure functions of (state, now) ---------------------------------------------
+
+
+class Rates(msgspec.Struct, kw_only=True):
+    samples_s: float = 0.0
+    tokens_s: float = 0.0
+    bytes_s: float = 0.0
+
+
+def rates(history: list[Bucket], now: float, window: float, since: float = 0.0) -> Rates:
+    """Average rates over the last ``window`` seconds before ``now``.
+
+    The span is shortened to the time since ``since`` (the session start) so a fresh run
+    is not diluted by seconds before it existed; under one second of data gives zeros.
+    """
+    start = max(now - window, since) if since else now - window
+    span = now - start
+    if span < 1.0:
+        return Rates()
+    n = tok = byt = 0
+    for b in reversed(history):
+        if b.t + 1 <= start:
+            break
+        if b.t > now:
+            continue
+        n += b.samples
+        tok += b.tokens
+        byt += b.bytes
+    return Rates(samples_s=n / span, tokens_s=tok / span, bytes_s=byt / span)
+
+
+def eta_seconds(remaining: int, rate: float) -> float | None:
+    """Seconds to finish ``remaining`` samples at ``rate``; None when it cannot be known."""
+    if remaining <= 0:
+        return 0.0
+    if rate <= 0:
+        return None
+    return remaining / rate
+
+
+def sparkline(history: list[Bucket], now: float, seconds: int, field: str = "samples") -> list[int]:
+    """Per-second values for the last ``seconds`` seconds (oldest first), zeros where idle."""
+    end = int(now)
+    vals = [0] * seconds
+    for b in reversed(history):
+        i = seconds - 1 - (end - b.t)
+        if i < 0:
+            break
+        if i < seconds:
+            vals[i] = getattr(b, field)
+    return vals
+
+
+class View(msgspec.Struct, kw_only=True):
+    """What a monitor shows for one shard (or the sum of several)."""
+
+    label: str = ""
+    state: str = "empty"
+    state_reason: str = ""
+    total: int = -1
+    sent: int = 0
+    dumped: int = 0
+    saved: int = 0
+    failed: int = 0
+    in_flight: int = 0
+    committing: int = 0
+    remaining: int = 0
+    requests: int = 0
+    retries: int = 0
+    orphans: int = 0
+    bytes_saved: int = 0
+    tokens_saved: int = 0
+    percent: float = 0.0
+    rate: Rates = msgspec.field(default_factory=Rates)
+    rate_1m: Rates = msgspec.field(default_factory=Rates)
+    eta_s: float | None = None
+    age_s: float | None = None  # age of the newest record
+    ages: dict[str, float] = {}  # age of the newest record of each kind
+    changed_ago: dict[str, float] = {}  # age of the last change of sent/dumped/saved/failed
+
+
+def view(s: ShardState, now: float, label: str = "", window: float = 60.0) -> View:
+    """The numbers to show for one shard at time ``now``."""
+    dumped = s.saved + s.committing
+    sent = dumped + s.in_flight
+    total = s.total
+    remaining = max(total - s.saved - s.failed, 0) if total >= 0 else 0
+    since = s.session_start_ts if s.state not in ("finished", "stopped") else 0.0
+    r = rates(s.history, now, window, since)
+    r10 = rates(s.history, now, 10.0, since)
+    newest = max(s.last_ts.values()) if s.last_ts else None
+    pct = 100.0 * (s.saved + s.failed) / total if total > 0 else (100.0 if total == 0 else 0.0)
+    return View(
+        label=label,
+        state=s.state,
+        state_reason=s.state_reason,
+        total=total,
+        sent=sent,
+        dumped=dumped,
+        saved=s.saved,
+        failed=s.failed,
+        in_flight=s.in_flight,
+        committing=s.committing,
+        remaining=remaining,
+        requests=s.requests,
+        retries=s.retries,
+        orphans=s.orphans,
+        bytes_saved=s.bytes_saved,
+        tokens_saved=s.tokens_saved,
+        percent=pct,
+        rate=r10,
+        rate_1m=r,
+        eta_s=eta_seconds(remaining, r.samples_s) if s.state != "finished" else 0.0,
+        age_s=None if newest is None else max(now - newest, 0.0),
+        ages={k: max(now - t, 0.0) for k, t in s.last_ts.items()},
+        changed_ago={k: max(now - t, 0.0) for k, t in s.changed.items()},
+    )
+
+
+def combine(views: list[View], now_label: str = "total") -> View:
+    """Sum several shards' views into one row (rates add, ETA from the summed rate)."""
+    if not views:
+        return View(label=now_label)
+    total = -1 if any(v.total < 0 for v in views) else sum(v.total for v in views)
+    out = View(label=now_label, total=total)
+    for f in (
+        "sent",
+        "dumped",
+        "saved",
+        "failed",
+        "in_flight",
+        "committing",
+        "remaining",
+        "requests",
+        "retries",
+        "orphans",
+        "bytes_saved",
+        "tokens_saved",
+    ):
+        setattr(out, f, sum(getattr(v, f) for v in views))
+    out.rate = _sum_rates(v.rate for v in views)
+    out.rate_1m = _sum_rates(v.rate_1m for v in views)
+    out.percent = 100.0 * (out.saved + out.failed) / total if total > 0 else 0.0
+    states = {v.state for v in views}
+    out.state = next(
+        (st for st in ("paused", "running", "draining", "stopped", "finished", "empty") if st in states),
+        "empty",
+    )
+    out.eta_s = 0.0 if out.remaining == 0 else eta_seconds(out.remaining, out.rate_1m.samples_s)
+    ages = [v.age_s for v in views if v.age_s is not None]
+    out.age_s = min(ages) if ages else None
+    return out
+
+
+def _sum_rates(rs: Iterable[Rates]) -> Rates:
+    out = Rates()
+    for r in rs:
+        out.samples_s += r.samples_s
+        out.tokens_s += r.tokens_s
+        out.bytes_s += r.bytes_s
+    return out
+
+
+_state_encoder = msgspec.msgpack.Encoder()
+_state_decoder = msgspec.msgpack.Decoder(ShardState)
+
+
+def encode_state(s: ShardState) -> bytes:
+    return _state_encoder.encode(s)
+
+
+def decode_state(data: bytes | memoryview) -> ShardState:
+    return _state_decoder.decode(data)
