@@ -1,0 +1,223 @@
+"""A tiny random-init Llama with a locally trained tokenizer and chat template, built offline.
+
+API::
+
+    build_tiny_model(directory, *, layers=4, hidden=64, vocab=1000, heads=4, kv_heads=2,
+                     intermediate=None, seed=0) -> str
+    register(subparsers)      # adds ``eagle3d tiny-model DIR [--layers N --hidden H --vocab V]``
+    CHAT_TEMPLATE, SPECIAL_TOKENS, END_OF_TURN
+
+The directory gets ``config.json``, ``generation_config.json``, ``model.safetensors`` (fp32,
+``LlamaForCausalLM``, untied embeddings, 4096 positions) and a tokenizer (``tokenizer.json``,
+``tokenizer_config.json``, ``chat_template.jinja``) that ``AutoTokenizer.from_pretrained``
+loads (as ``TokenizersBackend`` in transformers 5). Nothing touches a model hub.
+
+The tokenizer is a byte-level BPE trained with ``tokenizers`` on the text of the bundled demo
+dataset (``eagle3d/data/demo.jsonl``), so it is reproducible: same arguments, same files.
+``vocab`` is an upper bound: BPE stops merging when the corpus has no pair left to merge (about
+1,140 tokens for the demo text). The model's ``vocab_size`` always equals ``len(tokenizer)``.
+
+The chat template has no ``{% generation %}`` markers on purpose: :mod:`eagle3d.chat` derives
+the loss mask from the template itself. Format::
+
+    <|bos|><|system|>S<|end|><|user|>U<|end|><|assistant|>A<|end|>...
+
+``<|end|>`` closes every turn; the assistant produces its content and its ``<|end|>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Iterator
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "CHAT_TEMPLATE",
+    "END_OF_TURN",
+    "SPECIAL_TOKENS",
+    "build_tiny_model",
+    "corpus",
+    "register",
+]
+
+BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
+END_OF_TURN = "<|end|>"
+ROLE_TOKENS = {"system": "<|system|>", "user": "<|user|>", "assistant": "<|assistant|>"}
+#: In id order: ids 0..6.
+SPECIAL_TOKENS = [BOS, EOS, PAD, *ROLE_TOKENS.values(), END_OF_TURN]
+
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' %}<|system|>"
+    "{% elif message['role'] == 'user' %}<|user|>"
+    "{% elif message['role'] == 'assistant' %}<|assistant|>"
+    "{% else %}{{ raise_exception('unknown role: ' + message['role']) }}"
+    "{% endif %}"
+    "{{ message['content'] }}<|end|>"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def corpus() -> Iterator[str]:
+    """The tokenizer's training text: every string of the bundled demo dataset, in file order."""
+    data = resources.files("eagle3d").joinpath("data/demo.jsonl").read_text(encoding="utf-8")
+    for line in data.splitlines():
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # the demo's deliberately malformed line
+        yield from _strings(obj)
+
+
+def _strings(obj: Any) -> Iterator[str]:
+    if isinstance(obj, str):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _strings(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from _strings(v)
+
+
+def _train_tokenizer(vocab: int) -> Any:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus(), trainer)
+    return tok
+
+
+def build_tiny_model(
+    directory: str | os.PathLike[str],
+    *,
+    layers: int = 4,
+    hidden: int = 64,
+    vocab: int = 1000,
+    heads: int = 4,
+    kv_heads: int = 2,
+    intermediate: int | None = None,
+    seed: int = 0,
+) -> str:
+    """Write the tiny model, tokenizer and chat template into ``directory``; return its path.
+
+    ``intermediate`` defaults to ``4 * hidden``. Raises ``ValueError`` for inconsistent sizes.
+    """
+    min_vocab = len(SPECIAL_TOKENS) + 256
+    if vocab < min_vocab:
+        raise ValueError(f"--vocab must be at least {min_vocab} (special tokens + 256 bytes)")
+    if layers < 1 or hidden < 1 or heads < 1 or kv_heads < 1:
+        raise ValueError("layers, hidden, heads and kv_heads must be positive")
+    if hidden % heads or (hidden // heads) % 2:
+        raise ValueError(f"hidden {hidden} must be a multiple of 2 * heads ({heads})")
+    if heads % kv_heads:
+        raise ValueError(f"heads {heads} must be a multiple of kv_heads {kv_heads}")
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers.utils import logging as hf_logging
+
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+
+    tok = _train_tokenizer(vocab)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        extra_special_tokens=[*ROLE_TOKENS.values(), END_OF_TURN],
+        model_max_length=4096,
+        clean_up_tokenization_spaces=False,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(out)
+
+    cfg = LlamaConfig(
+        vocab_size=len(fast),
+        hidden_size=hidden,
+        intermediate_size=intermediate or 4 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        bos_token_id=fast.convert_tokens_to_ids(BOS),
+        eos_token_id=[fast.convert_tokens_to_ids(EOS), fast.convert_tokens_to_ids(END_OF_TURN)],
+        pad_token_id=fast.convert_tokens_to_ids(PAD),
+    )
+    cfg.dtype = torch.float32
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(cfg).to(torch.float32)
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a one-shard tiny model needs no progress bar
+    try:
+        model.save_pretrained(out)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+    return str(out)
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``tiny-model DIR [--layers N --hidden H --vocab V ...]`` to an argparse subparsers."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "tiny-model",
+        help="write a tiny random-init Llama + local tokenizer + chat template (offline)",
+        description="Write a tiny random-init Llama, a byte-level BPE tokenizer trained on the "
+        "bundled demo dataset and a chat template into DIR, without any model hub.",
+    )
+    p.add_argument("directory", metavar="DIR")
+    p.add_argument("--layers", type=int, default=4, metavar="N", help="decoder layers (4)")
+    p.add_argument("--hidden", type=int, default=64, metavar="H", help="hidden size (64)")
+    p.add_argument("--vocab", type=int, default=1000, metavar="V", help="max vocab size (1000)")
+    p.add_argument("--heads", type=int, default=4, help="attention heads (4)")
+    p.add_argument("--kv-heads", type=int, default=2, help="key/value heads (2)")
+    p.add_argument("--intermediate", type=int, default=None, help="MLP size (4*H)")
+    p.add_argument("--seed", type=int, default=0, help="weight init seed (0)")
+    p.set_defaults(func=_cmd_tiny_model)
+    return p
+
+
+def _cmd_tiny_model(args: argparse.Namespace) -> int:
+    import sys
+
+    try:
+        path = build_tiny_model(
+            args.directory,
+            layers=args.layers,
+            hidden=args.hidden,
+            vocab=args.vocab,
+            heads=args.heads,
+            kv_heads=args.kv_heads,
+            intermediate=args.intermediate,
+            seed=args.seed,
+        )
+    except ValueError as e:
+        print(f"eagle3d tiny-model: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"eagle3d tiny-model: cannot write {args.directory}: {e}", file=sys.stderr)
+        return 4
+    with open(Path(path) / "config.json", encoding="utf-8") as f:
+        cfg = json.load(f)
+    print(
+        f"tiny model in {path}: {cfg['num_hidden_layers']} layers, hidden {cfg['hidden_size']}, "
+        f"vocab {cfg['vocab_size']}"
+    )
+    return 0
