@@ -147,6 +147,8 @@ def build_tiny_model(
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(out)
 
+    ids = {t: i for i, t in enumerate(SPECIAL_TOKENS)}  # the trainer puts them first, in order
+    assert all(tok.token_to_id(t) == i for t, i in ids.items())
     cfg = LlamaConfig(
         vocab_size=len(fast),
         hidden_size=hidden,
@@ -156,14 +158,14 @@ def build_tiny_model(
         num_key_value_heads=kv_heads,
         max_position_embeddings=4096,
         tie_word_embeddings=False,
-        bos_token_id=fast.convert_tokens_to_ids(BOS),
-        eos_token_id=[fast.convert_tokens_to_ids(EOS), fast.convert_tokens_to_ids(END_OF_TURN)],
-        pad_token_id=fast.convert_tokens_to_ids(PAD),
+        bos_token_id=ids[BOS],
+        eos_token_id=[ids[EOS], ids[END_OF_TURN]],
+        pad_token_id=ids[PAD],
     )
     cfg.dtype = torch.float32
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(cfg).to(torch.float32)
+        model = LlamaForCausalLM(cfg).float()
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # a one-shard tiny model needs no progress bar
     try:
