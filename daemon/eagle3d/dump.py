@@ -41,9 +41,9 @@ def rid_of(path: str) -> str | None:
 def write_dump(
     dump_dir: str,
     rid: str,
-    input_ids: "torch.Tensor",
-    aux_hidden_state: "torch.Tensor",
-    hidden_state: "torch.Tensor",
+    input_ids: torch.Tensor,
+    aux_hidden_state: torch.Tensor,
+    hidden_state: torch.Tensor,
     layers: list[int],
 ) -> str:
     """Write one dump atomically (temp name, then rename). Returns the final path."""
@@ -72,9 +72,9 @@ def write_dump(
 class Dump:
     rid: str
     layers: list[int]
-    input_ids: "torch.Tensor"
-    aux_hidden_state: "torch.Tensor"
-    hidden_state: "torch.Tensor"
+    input_ids: torch.Tensor
+    aux_hidden_state: torch.Tensor
+    hidden_state: torch.Tensor
     nbytes: int
 
 

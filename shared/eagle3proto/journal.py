@@ -82,9 +82,7 @@ def _read(path: str) -> bytes:
         return f.read()
 
 
-def replay(
-    directory: str, sink: Callable[[list[ev.AnyEvent]], None] | None = None
-) -> Replay:
+def replay(directory: str, sink: Callable[[list[ev.AnyEvent]], None] | None = None) -> Replay:
     """Read every segment of a shard in order, feeding valid events to ``sink`` in batches.
 
     Read-only: it never modifies the journal. The returned :class:`Replay` says where it

@@ -387,7 +387,11 @@ def combine(views: list[View], now_label: str = "total") -> View:
     out.percent = 100.0 * (out.saved + out.failed) / total if total > 0 else 0.0
     states = {v.state for v in views}
     out.state = next(
-        (st for st in ("paused", "running", "draining", "stopped", "finished", "empty") if st in states),
+        (
+            st
+            for st in ("paused", "running", "draining", "stopped", "finished", "empty")
+            if st in states
+        ),
         "empty",
     )
     out.eta_s = 0.0 if out.remaining == 0 else eta_seconds(out.remaining, out.rate_1m.samples_s)

@@ -75,23 +75,34 @@ class ProtocolError(ValueError):
     """The peer sent something that is not a valid frame."""
 
 
-class FrameReader:
-    """Incremental frame parser for a byte stream: feed bytes, take whole messages."""
+class FrameBuffer:
+    """Incremental frame splitter for a byte stream: feed bytes, take whole payloads."""
 
     def __init__(self, max_record: int = MAX_RECORD) -> None:
         self._buf = bytearray()
         self.max_record = max_record
 
-    def feed(self, data: bytes) -> list[Message | ev.Unknown]:
-        """Add bytes; return the complete messages. Raises ProtocolError on garbage."""
+    def feed(self, data: bytes) -> list[bytes]:
+        """Add bytes; return complete payloads. Raises ProtocolError on garbage."""
         self._buf += data
-        res: Scan = scan(self._buf)
-        out = [decode_payload(p) for p in res.payloads]
-        if res.stop in (Stop.BAD_CRC, Stop.BAD_LENGTH):
+        # Scan a copy: views into a bytearray would pin it against the resize below.
+        res: Scan = scan(bytes(self._buf))
+        out = [bytes(p) for p in res.payloads]
+        rest = len(self._buf) - res.end
+        if res.stop in (Stop.BAD_CRC, Stop.BAD_LENGTH) or (
+            res.stop is Stop.ZEROS and rest >= FRAME_OVERHEAD
+        ):
             raise ProtocolError(f"bad frame from peer: {res.stop.value}")
-        if len(self._buf) - res.end >= FRAME_OVERHEAD:
+        if rest >= FRAME_OVERHEAD:
             n = int.from_bytes(self._buf[res.end + 4 : res.end + 8], "little")
             if n > self.max_record:
                 raise ProtocolError(f"frame of {n} bytes exceeds {self.max_record}")
         del self._buf[: res.end]
         return out
+
+
+class FrameReader(FrameBuffer):
+    """Like :class:`FrameBuffer`, but decodes each payload into a protocol message."""
+
+    def feed_messages(self, data: bytes) -> list[Message | ev.Unknown]:
+        return [decode_payload(p) for p in self.feed(data)]

@@ -1,0 +1,205 @@
+"""Validate a dump and commit it as a SpecForge-readable sample, atomically.
+
+Commit order per sample: write ``rows_*/.data_<idx>.ckpt.tmp-*`` in the final directory while
+computing the content checksum, fsync it, rename it to ``data_<idx>.ckpt``, fsync the
+directory. Only then may the caller append ``sample_saved`` to the journal. A crash at any
+instant leaves the sample either complete under its final name, or absent (a stray temp file
+is removed at the next start).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import threading
+import zlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from eagle3proto.paths import TMP_MARK, sample_relpath
+
+from . import faults
+from .dump import BadDump, Dump
+
+if TYPE_CHECKING:
+    import torch
+
+
+class CommitError(OSError):
+    """Writing the output failed (the errno says why, e.g. ENOSPC)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    relpath: str
+    nbytes: int
+    checksum: str
+
+
+class ChecksumWriter:
+    """A write-only file object over a descriptor that checksums what passes through it."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.crc = 0
+        self.size = 0
+
+    def write(self, data: Any) -> int:
+        mv = memoryview(data).cast("B")
+        self.crc = zlib.crc32(mv, self.crc)
+        n = len(mv)
+        off = 0
+        while off < n:
+            off += os.write(self.fd, mv[off:])
+        self.size += n
+        return n
+
+    def flush(self) -> None:
+        pass
+
+    @property
+    def checksum(self) -> str:
+        return f"crc32:{self.crc:08x}"
+
+
+def file_checksum(path: str, chunk: int = 16 << 20) -> tuple[int, str]:
+    """(size, checksum) of a file as :class:`ChecksumWriter` computes it."""
+    crc = 0
+    size = 0
+    with open(path, "rb", buffering=0) as f:
+        buf = bytearray(chunk)
+        mv = memoryview(buf)
+        while n := f.readinto(buf):
+            crc = zlib.crc32(mv[:n], crc)
+            size += n
+    return size, f"crc32:{crc:08x}"
+
+
+def validate(dump: Dump, sent_ids: list[int], hidden_size: int, layers: list[int]) -> None:
+    """Check a dump against what was sent. Raises BadDump naming the problem."""
+    import torch
+
+    t = len(sent_ids)
+    ids = dump.input_ids
+    if ids.dim() != 1 or ids.shape[0] != t:
+        raise BadDump(f"input_ids has shape {tuple(ids.shape)}, sent {t} tokens")
+    if not torch.equal(ids.to(torch.int64), torch.tensor(sent_ids, dtype=torch.int64)):
+        bad = int((ids.to(torch.int64) != torch.tensor(sent_ids)).nonzero()[0, 0])
+        raise BadDump(f"input_ids differ from what was sent (first at position {bad})")
+    want_aux = (t, len(layers) * hidden_size)
+    if tuple(dump.aux_hidden_state.shape) != want_aux:
+        raise BadDump(
+            f"aux_hidden_state has shape {tuple(dump.aux_hidden_state.shape)}, want {want_aux}"
+        )
+    if tuple(dump.hidden_state.shape) != (t, hidden_size):
+        raise BadDump(
+            f"hidden_state has shape {tuple(dump.hidden_state.shape)}, want {(t, hidden_size)}"
+        )
+    if dump.layers and dump.layers != layers:
+        raise BadDump(f"dump captured layers {dump.layers}, job wants {layers}")
+    for name in ("aux_hidden_state", "hidden_state"):
+        x = getattr(dump, name)
+        if not x.is_floating_point():
+            raise BadDump(f"{name} has dtype {x.dtype}, want a float type")
+        if not bool(torch.isfinite(x).all()):
+            raise BadDump(f"{name} contains NaN or Inf")
+
+
+def _own(t: torch.Tensor) -> torch.Tensor:
+    # torch.save writes whole storages: never let a view drag a larger buffer along.
+    t = t.contiguous()
+    if t.untyped_storage().nbytes() != t.numel() * t.element_size():
+        t = t.clone()
+    return t
+
+
+class Committer:
+    """Writes samples under ``output``; thread-safe (several commit threads share one)."""
+
+    def __init__(self, output: str) -> None:
+        self.output = output
+        self._dirs: set[str] = set()
+        self._lock = threading.Lock()
+        self._n = itertools.count()
+
+    def clean_temp_files(self, relpaths: list[str]) -> int:
+        """Remove stray temp files in the row directories of ``relpaths`` (no tree walk)."""
+        removed = 0
+        for d in sorted({os.path.dirname(p) for p in relpaths}):
+            full = os.path.join(self.output, d)
+            try:
+                names = os.listdir(full)
+            except FileNotFoundError:
+                continue
+            for name in names:
+                if TMP_MARK in name and name.startswith("."):
+                    os.unlink(os.path.join(full, name))
+                    removed += 1
+        return removed
+
+    def _ensure_dir(self, rel_dir: str) -> str:
+        full = os.path.join(self.output, rel_dir)
+        with self._lock:
+            if rel_dir in self._dirs:
+                return full
+            created = not os.path.isdir(full)
+            os.makedirs(full, exist_ok=True)
+            if created:
+                _fsync_dir(self.output)  # make the new directory entry itself durable
+            self._dirs.add(rel_dir)
+        return full
+
+    def commit(
+        self,
+        idx: int,
+        input_ids: list[int],
+        loss_mask: list[int],
+        dump: Dump,
+    ) -> Committed:
+        """Write sample ``idx`` atomically and durably. Raises CommitError on I/O failure."""
+        import torch
+
+        rel = sample_relpath(idx)
+        rel_dir, name = os.path.split(rel)
+        try:
+            full_dir = self._ensure_dir(rel_dir)
+            payload = {
+                "input_ids": torch.tensor(input_ids, dtype=torch.int64),
+                "loss_mask": torch.tensor(loss_mask, dtype=torch.int64),
+                "hidden_state": _own(dump.hidden_state).unsqueeze(0),
+                "aux_hidden_state": _own(dump.aux_hidden_state).unsqueeze(0),
+            }
+            tmp = os.path.join(full_dir, f".{name}{TMP_MARK}{os.getpid()}-{next(self._n)}")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            try:
+                w = ChecksumWriter(fd)
+                torch.save(payload, w)
+                os.fdatasync(fd)
+            except BaseException:
+                os.close(fd)
+                _unlink_quietly(tmp)
+                raise
+            os.close(fd)
+            faults.kill_point("after_tmp_write")
+            os.rename(tmp, os.path.join(full_dir, name))
+            faults.kill_point("after_rename")
+            _fsync_dir(full_dir)
+        except OSError as e:
+            raise CommitError(
+                e.errno or 5, f"commit of sample {idx} failed: {e.strerror or e}"
+            ) from e
+        return Committed(rel, w.size, w.checksum)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _unlink_quietly(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)

@@ -1,0 +1,202 @@
+"""Job configuration: the same settings from ``--config JOB.toml`` and from flags.
+
+Flags override the file. An unknown key, or a value of the wrong type, is an error that
+names the file and the key (exit code 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import tomllib
+from typing import Any
+
+import msgspec
+from eagle3proto.paths import Shard
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message names the file and key."""
+
+
+class JobConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Every setting of an extraction job."""
+
+    model: str = ""
+    dataset: str = ""
+    output: str = ""
+    backend: str = "hf"
+    server: str = ""
+    max_length: int = 2048
+    on_overflow: str = "truncate"
+    aux_layers: list[int] = []
+    shard: str = ""
+    dump_dir: str = ""
+    socket: str = ""
+    concurrency: int = 0
+    max_attempts: int = 3
+    request_timeout: float = 600.0
+    batch_tokens: int = 8192
+    workers: int = 1
+    device: str = "auto"
+    dtype: str = "auto"
+    commit_threads: int = 2
+    force_resume: bool = False
+
+    def validate(self) -> None:
+        """Check values that types alone cannot. Raises ConfigError."""
+        for key in ("model", "dataset", "output"):
+            if not getattr(self, key):
+                raise ConfigError(f"{key} is required (--{key.replace('_', '-')} or `{key} =`)")
+        _choice("backend", self.backend, ("hf", "sglang"))
+        _choice("on_overflow", self.on_overflow, ("truncate", "skip"))
+        _choice("device", self.device, ("auto", "cpu", "cuda"))
+        _choice("dtype", self.dtype, ("auto", "float32", "bfloat16", "float16"))
+        if self.backend == "sglang" and not self.server:
+            raise ConfigError("backend 'sglang' needs server (--server URL)")
+        if self.aux_layers and len(self.aux_layers) != 3:
+            raise ConfigError(f"aux_layers: expected 3 layer ids, got {self.aux_layers}")
+        for key in ("max_attempts", "workers", "commit_threads", "batch_tokens"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"{key} must be >= 1, got {getattr(self, key)}")
+        if self.max_length < 0:
+            raise ConfigError(f"max_length must be >= 0, got {self.max_length}")
+        self.shard_spec()
+
+    def shard_spec(self, env: dict[str, str] | None = None) -> Shard:
+        """``--shard I/N``, else Slurm array or torchrun variables, else 0/1."""
+        if self.shard:
+            try:
+                return Shard.parse(self.shard)
+            except ValueError as e:
+                raise ConfigError(str(e)) from e
+        env = dict(os.environ) if env is None else env
+        for idx_key, cnt_key in (
+            ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT"),
+            ("RANK", "WORLD_SIZE"),
+        ):
+            if env.get(idx_key) and env.get(cnt_key):
+                try:
+                    return Shard(int(env[idx_key]), int(env[cnt_key]))
+                except ValueError as e:
+                    raise ConfigError(f"{idx_key}/{cnt_key}: {e}") from e
+        return Shard(0, 1)
+
+
+def _choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{key}: {value!r} is not one of {', '.join(allowed)}")
+
+
+FIELDS = tuple(JobConfig.__struct_fields__)
+
+
+def load_toml(path: str) -> dict[str, Any]:
+    """Read a job file; errors name the file (and line, for syntax errors)."""
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError as e:
+        raise ConfigError(f"{path}: no such config file") from e
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: {e}") from e
+    unknown = sorted(set(data) - set(FIELDS))
+    if unknown:
+        raise ConfigError(f"{path}: unknown key {unknown[0]!r} (known: {', '.join(FIELDS)})")
+    return data
+
+
+def build(file_values: dict[str, Any], flag_values: dict[str, Any], source: str = "") -> JobConfig:
+    """Merge file values with flags (flags win) into a validated JobConfig."""
+    merged = dict(file_values)
+    merged.update({k: v for k, v in flag_values.items() if v is not None})
+    try:
+        cfg = msgspec.convert(merged, JobConfig)
+    except msgspec.ValidationError as e:
+        where = f"{source}: " if source else ""
+        raise ConfigError(f"{where}{e}") from e
+    cfg.validate()
+    return cfg
+
+
+def add_job_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of ``eagle3d run`` (every one also a TOML key)."""
+    a = p.add_argument
+    a("--config", metavar="JOB.toml", help="read settings from a TOML job file")
+    a("--model", help="model directory (weights + tokenizer + chat template)")
+    a("--dataset", help="JSONL dataset")
+    a("--output", help="output directory")
+    a("--backend", choices=("hf", "sglang"), help="producer (default hf)")
+    a("--server", help="SGLang server URL (backend sglang)")
+    a("--max-length", type=int, dest="max_length", help="token limit per sample (default 2048)")
+    a("--on-overflow", choices=("truncate", "skip"), dest="on_overflow")
+    a("--aux-layers", type=_layers, dest="aux_layers", metavar="A,B,C")
+    a("--shard", metavar="I/N", help="take samples with idx %% N == I")
+    a("--dump-dir", dest="dump_dir", help="where producers drop dumps (default /dev/shm/...)")
+    a("--socket", help="Unix socket for live subscribers")
+    a("--concurrency", type=int, help="requests in flight (default: the producer's)")
+    a("--max-attempts", type=int, dest="max_attempts", help="attempts per sample (default 3)")
+    a("--request-timeout", type=float, dest="request_timeout", metavar="S")
+    a("--batch-tokens", type=int, dest="batch_tokens", help="HF token budget per batch")
+    a("--workers", type=int, help="HF worker processes (default 1)")
+    a("--device", choices=("auto", "cpu", "cuda"))
+    a("--dtype", choices=("auto", "float32", "bfloat16", "float16"))
+    a("--commit-threads", type=int, dest="commit_threads")
+    a(
+        "--force-resume",
+        action="store_const",
+        const=True,
+        dest="force_resume",
+        help="resume even if the dataset or config changed",
+    )
+
+
+def _layers(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected comma-separated ints, got {text!r}") from e
+
+
+def from_args(args: argparse.Namespace) -> JobConfig:
+    """Build the job config from parsed flags and the optional ``--config`` file."""
+    file_values = load_toml(args.config) if getattr(args, "config", None) else {}
+    flags = {k: getattr(args, k, None) for k in FIELDS}
+    return build(file_values, flags, args.config or "")
+
+
+# -- model facts and the job fingerprint ----------------------------------------------------
+
+
+def model_config(model_dir: str) -> dict[str, Any]:
+    """The model's config.json (the text config for multimodal wrappers)."""
+    path = os.path.join(model_dir, "config.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            cfg: dict[str, Any] = json.load(f)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"{model_dir}: no config.json (is this a model directory?)") from e
+    except (OSError, json.JSONDecodeError) as e:
+        raise OSError(f"{path}: unreadable ({e})") from e
+    return cfg.get("text_config", cfg)
+
+
+def default_aux_layers(num_layers: int) -> list[int]:
+    """SGLang/SpecForge convention: the states entering layers 2, L//2 and L-3."""
+    return [2, num_layers // 2, num_layers - 3]
+
+
+def file_sha(path: str, chunk: int = 8 << 20) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def fingerprint(parts: dict[str, Any]) -> str:
+    """A stable hash of what makes two runs the same job."""
+    blob = json.dumps(parts, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.blake2b(blob, digest_size=16).hexdigest()

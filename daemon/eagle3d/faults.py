@@ -1,0 +1,96 @@
+"""Fault injection for the crash and fault tests, driven by the ``EAGLE3D_FAULT`` variable.
+
+Comma-separated specs, each optionally suffixed ``@/path/marker`` (fire only if the marker
+file does not exist, and create it when firing, so a restarted process does not fire again):
+
+* ``kill:<point>`` - the daemon exits abruptly (``os._exit(137)``) at a named point:
+  ``after_tmp_write``, ``after_rename``, ``before_journal_append``,
+  ``after_append_before_sync``, ``mid_frame``; ``kill:<point>:<n>`` fires at the n-th time.
+* ``worker_hang:<n>`` / ``worker_exit:<n>`` - the HF worker hangs / dies after n batches.
+* ``bad_dump:<ids|shape|nan|truncate>:<n>`` - the HF worker corrupts its n-th dump.
+
+With the variable unset every check is a dictionary lookup that returns False.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+
+KILL_POINTS = (
+    "after_tmp_write",
+    "after_rename",
+    "before_journal_append",
+    "after_append_before_sync",
+    "mid_frame",
+)
+
+
+@dataclass(slots=True)
+class Fault:
+    name: str
+    arg: str
+    n: int
+    marker: str
+    seen: int = 0
+
+
+def parse(text: str) -> dict[str, Fault]:
+    """Parse the variable's value into faults keyed by ``name`` (``kill:point`` for kills)."""
+    out: dict[str, Fault] = {}
+    for spec in filter(None, (s.strip() for s in text.split(","))):
+        spec, _, marker = spec.partition("@")
+        parts = spec.split(":")
+        name = parts[0]
+        if name == "kill":
+            if len(parts) < 2 or parts[1] not in KILL_POINTS:
+                raise ValueError(f"EAGLE3D_FAULT: unknown kill point in {spec!r}")
+            n = int(parts[2]) if len(parts) > 2 else 1
+            out[f"kill:{parts[1]}"] = Fault("kill", parts[1], n, marker)
+        elif name in ("worker_hang", "worker_exit"):
+            out[name] = Fault(name, "", int(parts[1]) if len(parts) > 1 else 1, marker)
+        elif name == "bad_dump":
+            if len(parts) < 2 or parts[1] not in ("ids", "shape", "nan", "truncate"):
+                raise ValueError(f"EAGLE3D_FAULT: bad_dump needs ids|shape|nan|truncate: {spec!r}")
+            out[name] = Fault(name, parts[1], int(parts[2]) if len(parts) > 2 else 1, marker)
+        else:
+            raise ValueError(f"EAGLE3D_FAULT: unknown fault {spec!r}")
+    return out
+
+
+_lock = threading.Lock()
+_faults: dict[str, Fault] | None = None
+
+
+def _active() -> dict[str, Fault]:
+    global _faults
+    if _faults is None:
+        _faults = parse(os.environ.get("EAGLE3D_FAULT", ""))
+    return _faults
+
+
+def hit(key: str) -> Fault | None:
+    """Count one occurrence of ``key``; return the fault if it fires now."""
+    faults = _active()
+    if not faults:
+        return None
+    f = faults.get(key)
+    if f is None:
+        return None
+    with _lock:
+        f.seen += 1
+        if f.seen != f.n:
+            return None
+        if f.marker:
+            if os.path.exists(f.marker):
+                return None
+            with open(f.marker, "w") as m:
+                m.write(f"{key} fired in pid {os.getpid()}\n")
+    return f
+
+
+def kill_point(point: str) -> None:
+    """Exit abruptly here if ``kill:<point>`` is armed (no cleanup, like SIGKILL)."""
+    if hit(f"kill:{point}") is not None:
+        os._exit(137)

@@ -1,0 +1,111 @@
+"""Checks made before a job starts: readable inputs, writable output, one daemon per shard.
+
+Each failure is a :class:`Fatal` carrying the documented exit code and a message that
+names the file or setting at fault.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import socket
+
+EXIT_OK = 0
+EXIT_INTERNAL = 1
+EXIT_CONFIG = 2
+EXIT_INPUT = 3
+EXIT_OUTPUT = 4
+EXIT_LOCKED = 5
+EXIT_FINGERPRINT = 6
+EXIT_PRODUCER = 8
+
+
+class Fatal(Exception):
+    """A condition that ends the run with a specific exit code."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def check_model(model: str) -> None:
+    if not os.path.isdir(model):
+        raise Fatal(EXIT_INPUT, f"model directory {model}: not found")
+    cfg = os.path.join(model, "config.json")
+    if not os.access(cfg, os.R_OK):
+        raise Fatal(EXIT_INPUT, f"model directory {model}: no readable config.json")
+
+
+def check_dataset(dataset: str) -> None:
+    if not os.path.isfile(dataset):
+        raise Fatal(EXIT_INPUT, f"dataset {dataset}: not found")
+    try:
+        with open(dataset, "rb") as f:
+            f.read(1)
+    except OSError as e:
+        raise Fatal(EXIT_INPUT, f"dataset {dataset}: unreadable ({e.strerror})") from e
+
+
+def check_output(output: str) -> None:
+    """The output directory exists (or is created) and accepts a file."""
+    try:
+        os.makedirs(output, exist_ok=True)
+        probe = os.path.join(output, f".eagle3d-write-probe-{os.getpid()}")
+        with open(probe, "wb") as f:
+            f.write(b"x")
+        os.unlink(probe)
+    except OSError as e:
+        raise Fatal(EXIT_OUTPUT, f"output {output}: not writable ({e.strerror})") from e
+
+
+class ShardLock:
+    """An exclusive flock on the shard's lock file, held for the daemon's lifetime.
+
+    The file holds the owner's pid and host, so a refused second daemon can say who owns it.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.fd = -1
+
+    def acquire(self) -> None:
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            owner = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise Fatal(
+                    EXIT_LOCKED,
+                    f"another eagle3d ({owner}) is running this shard; lock {self.path}",
+                ) from e
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            with contextlib.suppress(OSError):
+                fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = -1
+
+
+def is_locked(path: str) -> bool:
+    """True when a live process holds the lock at ``path`` (used by monitors)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False

@@ -1,0 +1,279 @@
+"""Hugging Face producer: the model runs in worker processes, never in the daemon.
+
+Each worker (:mod:`eagle3d.producers.hf_worker`) is a child process fed over a pipe. When one
+dies, its in-flight requests are reported failed (retryable) so the daemon resends them, and
+the worker is restarted with capped back-off. When one has work but reports nothing for
+``hang_timeout`` seconds it is killed and restarted the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+from eagle3proto.codec import encode_frame
+from eagle3proto.events import ProducerHealth
+from eagle3proto.wire import FrameBuffer
+
+from .base import Producer, ProducerEvents, Request
+
+_enc = msgspec.msgpack.Encoder()
+_dec = msgspec.msgpack.Decoder(dict[str, Any])
+
+
+class ProducerStartError(RuntimeError):
+    """The worker could not load the model."""
+
+
+@dataclass(slots=True)
+class _Worker:
+    slot: int
+    proc: asyncio.subprocess.Process
+    inflight: dict[str, int] = field(default_factory=dict)  # rid -> tokens
+    last_progress: float = 0.0
+    ready: asyncio.Future[dict[str, Any]] | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+    stopping: bool = False
+
+
+class HFProducer(Producer):
+    """Runs a transformers model in ``workers`` child processes."""
+
+    name = "hf"
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        dump_dir: str,
+        aux_layers: list[int] | None = None,
+        workers: int = 1,
+        batch_tokens: int = 8192,
+        device: str = "auto",
+        dtype: str = "auto",
+        hang_timeout: float = 600.0,
+        window: int = 0,
+        threads: int = 0,
+    ) -> None:
+        self.model = model
+        self.dump_dir = dump_dir
+        self.aux_layers = aux_layers or []
+        self.n_workers = workers
+        self.batch_tokens = batch_tokens
+        self.device = device
+        self.dtype = dtype
+        self.hang_timeout = hang_timeout
+        self.threads = threads
+        self._window = window
+        self._workers: list[_Worker | None] = [None] * workers
+        self._events: ProducerEvents | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._restarts = 0
+        self._latency: list[float] = []
+        self._stopped = False
+        self.info: dict[str, Any] = {}
+        self._rr = 0
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def start(self, events: ProducerEvents) -> None:
+        self._events = events
+        await asyncio.gather(*(self._spawn(i) for i in range(self.n_workers)))
+        events.producer_state("up", f"{self.n_workers} worker(s) on {self.info.get('device')}")
+
+    async def _spawn(self, slot: int) -> _Worker:
+        cmd = [
+            sys.executable,
+            "-m",
+            "eagle3d.producers.hf_worker",
+            "--model",
+            self.model,
+            "--dump-dir",
+            self.dump_dir,
+            "--batch-tokens",
+            str(self.batch_tokens),
+            "--device",
+            self.device,
+            "--dtype",
+            self.dtype,
+        ]
+        if self.aux_layers:
+            cmd += ["--aux-layers", ",".join(map(str, self.aux_layers))]
+        if self.threads:
+            cmd += ["--threads", str(self.threads)]
+        proc = await asyncio.create_subprocess_exec(
+            *cmd,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        w = _Worker(slot, proc, last_progress=time.monotonic())
+        w.ready = asyncio.get_running_loop().create_future()
+        self._workers[slot] = w
+        self._track(asyncio.create_task(self._read(w)))
+        info = await w.ready
+        self.info = info
+        w.info = info
+        w.last_progress = time.monotonic()
+        self._track(asyncio.create_task(self._watch(w)))
+        return w
+
+    def _track(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _read(self, w: _Worker) -> None:
+        frames = FrameBuffer()
+        assert w.proc.stdout is not None
+        while True:
+            chunk = await w.proc.stdout.read(1 << 16)
+            if not chunk:
+                break
+            for payload in frames.feed(chunk):
+                self._on_message(w, _dec.decode(payload))
+        if w.ready is not None and not w.ready.done():
+            code = await w.proc.wait()
+            w.ready.set_exception(ProducerStartError(f"hf worker exited with {code} while loading"))
+
+    def _on_message(self, w: _Worker, msg: dict[str, Any]) -> None:
+        op = msg.get("op")
+        now = time.monotonic()
+        if op == "ready":
+            assert w.ready is not None
+            w.ready.set_result(msg)
+        elif op == "fatal":
+            assert w.ready is not None
+            if not w.ready.done():
+                w.ready.set_exception(
+                    ProducerStartError(f"{msg.get('error')}: {msg.get('message')}")
+                )
+        elif op == "done":
+            w.last_progress = now
+            for rid in msg["rids"]:
+                w.inflight.pop(rid, None)
+            self._latency = ([*self._latency, float(msg.get("secs", 0.0))])[-20:]
+        elif op == "fail" and self._events is not None:
+            w.inflight.pop(msg["rid"], None)
+            self._events.request_failed(msg["rid"], msg["error"], msg.get("message", ""), True)
+
+    async def _watch(self, w: _Worker) -> None:
+        """Restart the worker when it dies or hangs; its in-flight requests are resent."""
+        while True:
+            try:
+                code: int | None = await asyncio.wait_for(w.proc.wait(), timeout=1.0)
+            except TimeoutError:
+                hung = w.inflight and time.monotonic() - w.last_progress > self.hang_timeout
+                if not hung:
+                    continue
+                reason = f"worker {w.proc.pid} made no progress for {self.hang_timeout:.0f} s"
+                with contextlib.suppress(ProcessLookupError):
+                    w.proc.kill()
+                await w.proc.wait()
+            else:
+                reason = f"worker {w.proc.pid} exited with code {code}"
+            if w.stopping or self._stopped:
+                return
+            await self._restart(w, reason)
+            return
+
+    async def _restart(self, w: _Worker, reason: str) -> None:
+        assert self._events is not None
+        lost = list(w.inflight)
+        w.inflight.clear()
+        self._workers[w.slot] = None
+        self._restarts += 1
+        self._events.producer_state("restarting", reason)
+        for rid in lost:
+            self._events.request_failed(rid, "ProducerCrashed", reason, True)
+        delay = 0.5
+        while not self._stopped:
+            try:
+                await self._spawn(w.slot)
+                self._events.producer_state("up", f"worker restarted after: {reason}")
+                return
+            except ProducerStartError as e:
+                self._events.producer_state("down", str(e))
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+
+    async def stop(self) -> None:
+        self._stopped = True
+        for w in self._workers:
+            if w is None:
+                continue
+            w.stopping = True
+            if w.proc.stdin is not None and not w.proc.stdin.is_closing():
+                with contextlib.suppress(Exception):
+                    w.proc.stdin.write(encode_frame(_enc.encode({"op": "stop"})))
+                    w.proc.stdin.close()
+        for w in self._workers:
+            if w is None:
+                continue
+            try:
+                await asyncio.wait_for(w.proc.wait(), timeout=10)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    w.proc.kill()
+                await w.proc.wait()
+        for t in list(self._tasks):
+            t.cancel()
+
+    # -- requests -----------------------------------------------------------------------------
+
+    def submit(self, request: Request) -> None:
+        live = [w for w in self._workers if w is not None and w.ready and w.ready.done()]
+        if not live:
+            assert self._events is not None
+            self._events.request_failed(request.rid, "ProducerDown", "no live worker", True)
+            return
+        w = min(live, key=lambda x: (len(x.inflight), x.slot))
+        if not w.inflight:
+            w.last_progress = time.monotonic()
+        w.inflight[request.rid] = len(request.input_ids)
+        msg = {"op": "req", "rid": request.rid, "ids": request.input_ids}
+        assert w.proc.stdin is not None
+        # A dead worker's pipe refuses the write; its watcher resends everything in flight.
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            w.proc.stdin.write(encode_frame(_enc.encode(msg)))
+
+    def cancel(self, rid: str) -> None:
+        for w in self._workers:
+            if w is not None and rid in w.inflight:
+                del w.inflight[rid]
+                assert w.proc.stdin is not None
+                with contextlib.suppress(ConnectionError, RuntimeError):
+                    w.proc.stdin.write(encode_frame(_enc.encode({"op": "cancel", "rid": rid})))
+
+    def window(self) -> int:
+        if self._window:
+            return self._window
+        # Enough queued work for the worker to sort by length and fill two budgets.
+        return max(16, 4 * self.n_workers * max(1, self.batch_tokens // 512))
+
+    def is_stuck(self, now: float) -> bool:
+        return any(
+            w is not None and w.inflight and now - w.last_progress > min(self.hang_timeout, 60.0)
+            for w in self._workers
+        )
+
+    def health(self) -> ProducerHealth:
+        live = [w for w in self._workers if w is not None and w.ready and w.ready.done()]
+        lat = sum(self._latency) / len(self._latency) if self._latency else 0.0
+        return ProducerHealth(
+            name=f"hf:{os.path.basename(self.model.rstrip('/'))}",
+            up=len(live) == self.n_workers and not self._stopped,
+            latency_s=lat,
+            restarts=self._restarts,
+            detail={
+                "workers": float(len(live)),
+                "device": str(self.info.get("device", "")),
+                "dtype": str(self.info.get("dtype", "")),
+                "inflight": float(sum(len(w.inflight) for w in live)),
+            },
+        )

@@ -1,0 +1,264 @@
+"""Hugging Face worker process: ``python -m eagle3d.producers.hf_worker --model DIR ...``.
+
+Reads request frames on stdin, runs the model in token-budget batches (nearby samples sorted
+by length to limit padding; padding is never stored), writes one dump per request into the
+dump directory through :mod:`eagle3d.dump`, and reports on stdout. It runs in its own process
+so that a crash here is survivable by the daemon.
+
+Protocol (msgpack maps in :mod:`eagle3proto.codec` frames):
+  in:  {"op": "req", "rid", "ids"} | {"op": "cancel", "rid"} | {"op": "stop"}
+  out: {"op": "ready", ...} | {"op": "done", "rids", "tokens", "secs"}
+       | {"op": "fail", "rid", "error", "message"}
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import queue
+import sys
+import threading
+import time
+from typing import Any
+
+import msgspec
+from eagle3proto.codec import encode_frame
+from eagle3proto.wire import FrameBuffer
+
+from .. import faults
+
+_enc = msgspec.msgpack.Encoder()
+_out_lock = threading.Lock()
+
+
+def send(msg: dict[str, Any]) -> None:
+    data = encode_frame(_enc.encode(msg))
+    with _out_lock:
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+
+
+def plan_batches(lengths: dict[str, int], budget: int) -> list[list[str]]:
+    """Group request ids into batches whose padded size (count x longest) fits ``budget``.
+
+    Sorting by length keeps similar lengths together, so padding stays small. A request
+    longer than the budget still runs, alone.
+    """
+    order = sorted(lengths, key=lambda r: lengths[r])
+    batches: list[list[str]] = []
+    cur: list[str] = []
+    longest = 0
+    for rid in order:
+        n = lengths[rid]
+        if cur and max(longest, n) * (len(cur) + 1) > budget:
+            batches.append(cur)
+            cur, longest = [], 0
+        cur.append(rid)
+        longest = max(longest, n)
+    if cur:
+        batches.append(cur)
+    return batches
+
+
+class Capture:
+    """Forward pre-hooks that keep the states entering the aux layers (no full hidden list)."""
+
+    def __init__(self, model: Any, layers: list[int]) -> None:
+        self.layers = layers
+        self.states: dict[int, Any] = {}
+        self._handles = []
+        decoder_layers = model.model.layers
+        for i in sorted(set(layers)):
+            if i >= len(decoder_layers):
+                raise ValueError(f"aux layer {i} >= number of layers {len(decoder_layers)}")
+            self._handles.append(
+                decoder_layers[i].register_forward_pre_hook(self._hook(i), with_kwargs=True)
+            )
+
+    def _hook(self, i: int) -> Any:
+        def hook(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            self.states[i] = args[0] if args else kwargs["hidden_states"]
+
+        return hook
+
+
+class Worker:
+    def __init__(self, args: argparse.Namespace) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        self.torch = torch
+        self.dump_dir = args.dump_dir
+        self.budget = args.batch_tokens
+        if args.device == "auto":
+            self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        else:
+            self.device = args.device
+        if args.dtype == "auto":
+            dtype = torch.float32 if self.device == "cpu" else torch.bfloat16
+        else:
+            dtype = getattr(torch, args.dtype)
+        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype)
+        model.eval().to(self.device)
+        self.model = model
+        n_layers = model.config.num_hidden_layers
+        self.layers = args.aux_layers or [2, n_layers // 2, n_layers - 3]
+        self.capture = Capture(model, self.layers)
+        self.pad_id = 0
+        self.pending: dict[str, list[int]] = {}
+        self.cancelled: set[str] = set()
+        self.inbox: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self.writes: queue.Queue[tuple[str, Any, Any, Any] | None] = queue.Queue(maxsize=256)
+        self.batches = 0
+        self.dumps = 0
+        send(
+            {
+                "op": "ready",
+                "pid": os.getpid(),
+                "device": self.device,
+                "dtype": str(dtype).removeprefix("torch."),
+                "layers": self.layers,
+                "num_layers": n_layers,
+                "hidden": model.config.hidden_size,
+            }
+        )
+
+    def read_stdin(self) -> None:
+        frames = FrameBuffer()
+        stream = sys.stdin.buffer
+        decode = msgspec.msgpack.Decoder(dict[str, Any]).decode
+        while True:
+            chunk = stream.read1(1 << 16)
+            if not chunk:
+                self.inbox.put(None)
+                return
+            for payload in frames.feed(chunk):
+                self.inbox.put(decode(payload))
+
+    def write_loop(self) -> None:
+        from .. import dump
+
+        while True:
+            item = self.writes.get()
+            if item is None:
+                return
+            rid, ids, aux, hid = item
+            self.dumps += 1
+            fault = faults.hit("bad_dump")
+            if fault is not None:
+                ids, aux, hid = self._corrupt(fault.arg, ids, aux, hid)
+            path = dump.write_dump(self.dump_dir, rid, ids, aux, hid, self.layers)
+            if fault is not None and fault.arg == "truncate":
+                os.truncate(path, os.path.getsize(path) // 2)
+
+    def _corrupt(self, how: str, ids: Any, aux: Any, hid: Any) -> tuple[Any, Any, Any]:
+        if how == "ids":
+            ids = ids.clone()
+            ids[0] += 1
+        elif how == "shape":
+            aux = aux[:-1]
+        elif how == "nan":
+            hid = hid.clone()
+            hid[0, 0] = float("nan")
+        return ids, aux, hid
+
+    def take_inbox(self, block: bool) -> bool:
+        """Move messages from the inbox into ``pending``. False when stdin closed / stop."""
+        try:
+            msg = self.inbox.get(block=block, timeout=None)
+        except queue.Empty:
+            return True
+        while True:
+            if msg is None or msg.get("op") == "stop":
+                return False
+            op = msg.get("op")
+            if op == "req":
+                self.pending[msg["rid"]] = list(msg["ids"])
+                self.cancelled.discard(msg["rid"])
+            elif op == "cancel":
+                self.pending.pop(msg["rid"], None)
+            try:
+                msg = self.inbox.get_nowait()
+            except queue.Empty:
+                return True
+
+    def run(self) -> None:
+        threading.Thread(target=self.read_stdin, daemon=True).start()
+        writer = threading.Thread(target=self.write_loop, daemon=True)
+        writer.start()
+        alive = True
+        while alive:
+            alive = self.take_inbox(block=not self.pending)
+            if not self.pending:
+                continue
+            lengths = {rid: len(ids) for rid, ids in self.pending.items()}
+            batch = plan_batches(lengths, self.budget)[0]
+            self.run_batch(batch)
+            alive = alive and self.take_inbox(block=False)
+        self.writes.put(None)
+        writer.join()
+
+    def run_batch(self, rids: list[str]) -> None:
+        torch = self.torch
+        seqs = [self.pending.pop(r) for r in rids]
+        t0 = time.perf_counter()
+        longest = max(len(s) for s in seqs)
+        ids = torch.full((len(seqs), longest), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), longest), dtype=torch.long)
+        for i, s in enumerate(seqs):
+            ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+            mask[i, : len(s)] = 1
+        ids = ids.to(self.device)
+        mask = mask.to(self.device)
+        with torch.inference_mode():
+            out = self.model.model(input_ids=ids, attention_mask=mask, use_cache=False)
+        final = out.last_hidden_state
+        aux = torch.cat([self.capture.states[i] for i in self.layers], dim=-1)
+        self.capture.states.clear()
+        final_cpu = final.to("cpu")
+        aux_cpu = aux.to("cpu")
+        ids_cpu = ids.to("cpu")
+        for i, (rid, s) in enumerate(zip(rids, seqs, strict=True)):
+            n = len(s)  # cut to the real length: padding is never stored
+            self.writes.put((rid, ids_cpu[i, :n], aux_cpu[i, :n], final_cpu[i, :n]))
+        self.batches += 1
+        send(
+            {
+                "op": "done",
+                "rids": rids,
+                "tokens": sum(len(s) for s in seqs),
+                "secs": time.perf_counter() - t0,
+            }
+        )
+        if faults.hit("worker_exit") is not None:
+            os._exit(3)
+        if faults.hit("worker_hang") is not None:
+            while True:
+                time.sleep(3600)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="eagle3d-hf-worker")
+    p.add_argument("--model", required=True)
+    p.add_argument("--dump-dir", required=True)
+    p.add_argument("--aux-layers", type=lambda s: [int(x) for x in s.split(",") if x], default=[])
+    p.add_argument("--batch-tokens", type=int, default=8192)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--threads", type=int, default=0)
+    args = p.parse_args(argv)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    try:
+        worker = Worker(args)
+    except Exception as e:
+        send({"op": "fatal", "error": type(e).__name__, "message": str(e)})
+        return 1
+    worker.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

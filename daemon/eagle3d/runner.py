@@ -1,0 +1,854 @@
+"""``eagle3d run``: the extraction daemon.
+
+One asyncio loop owns the pipeline state. A feeder thread streams and tokenizes the shard's
+dataset lines; the loop keeps a window of requests in flight at the producer; the dump
+watcher reports dumps as they land (the daemon never takes the producer's word); commit
+threads validate and commit dumps, each ending in a durable ``sample_saved`` record. Every
+journal record is folded into the live :class:`~eagle3proto.reducer.ShardState` and
+published on the socket in seq order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import errno
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from eagle3proto import events as ev
+from eagle3proto import paths, reducer
+from eagle3proto.journal import JournalError, JournalWriter
+from eagle3proto.paths import Shard
+
+from . import __version__, config, faults
+from .cli import EXIT_CODES
+from .commit import CommitError, Committer, validate
+from .dump import BadDump, read_dump, rid_of
+from .preflight import (
+    EXIT_CONFIG,
+    EXIT_FINGERPRINT,
+    EXIT_INTERNAL,
+    EXIT_OK,
+    EXIT_PRODUCER,
+    Fatal,
+    ShardLock,
+    check_dataset,
+    check_model,
+    check_output,
+)
+from .producers.base import Producer, Request
+from .watcher import DumpWatcher
+
+log = logging.getLogger("eagle3d")
+
+SENT, DUMPED = 1, 2
+PENDING, SAVED, FAILED = 0, 1, 2
+_END = object()
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+@dataclass(slots=True)
+class Pending:
+    """One sample the daemon is working on."""
+
+    idx: int
+    input_ids: list[int]
+    loss_mask: list[int]
+    truncated: bool
+    attempt: int = 0
+    rid: str = ""
+    stage: int = 0
+    sent_at: float = 0.0
+    dump_path: str = ""
+
+
+class _FaultFileOps:
+    """Journal file operations with the whitebox kill points that live inside an append."""
+
+    def __init__(self) -> None:
+        from eagle3proto.fileops import OsFileOps
+
+        self._os = OsFileOps()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._os, name)
+
+    def write(self, fd: int, data: bytes | memoryview) -> int:
+        if len(data) > 16 and faults.hit("kill:mid_frame") is not None:
+            os.write(fd, bytes(data)[: len(data) // 2])
+            os._exit(137)
+        return self._os.write(fd, data)
+
+    def fdatasync(self, fd: int) -> None:
+        faults.kill_point("after_append_before_sync")
+        self._os.fdatasync(fd)
+
+
+class Daemon:
+    """Runs one shard of one job to completion (or to a clean stop)."""
+
+    def __init__(self, cfg: config.JobConfig, *, drain_timeout: float = 60.0) -> None:
+        self.cfg = cfg
+        self.shard: Shard = cfg.shard_spec()
+        self.output = os.path.abspath(cfg.output)
+        self.drain_timeout = drain_timeout
+        self.state = reducer.new_state()
+        self.status = bytearray()
+        self.inflight: dict[str, Pending] = {}
+        self.by_idx: dict[int, Pending] = {}
+        self.retry_commits: list[Pending] = []
+        self.orphans = 0
+        self.paused = ""
+        self.stopping = ""
+        self.feed_done = False
+        self.last_progress = time.monotonic()
+        self.largest_sample = 0
+        self.hidden_size = 0
+        self.layers: list[int] = []
+        self.journal: JournalWriter | None = None
+        self.producer: Producer | None = None
+        self.server: Any = None
+        self.notifier: Any = None
+        self.watchdog_policy: Any = None
+        self._exit_code = EXIT_OK
+        self._lock: ShardLock | None = None
+
+    # -- the whole lifecycle -------------------------------------------------------------------
+
+    async def run(self) -> int:
+        self.loop = asyncio.get_running_loop()
+        self._setup_notify()
+        try:
+            try:
+                await self._start()
+            except Fatal as e:
+                log.error("%s", e)
+                return e.code
+            if self._already_done():
+                return EXIT_OK
+            return await self._main()
+        finally:
+            await self._shutdown()
+
+    def _setup_notify(self) -> None:
+        try:
+            from .notify import Notifier, WatchdogPolicy
+        except ImportError:  # pragma: no cover - notify ships with eagle3d
+            return
+        self.notifier = Notifier.from_env()
+        self.watchdog_policy = WatchdogPolicy.from_env()
+
+    def _notify(self, method: str, *args: Any) -> None:
+        if self.notifier is not None:
+            getattr(self.notifier, method)(*args)
+
+    async def _start(self) -> None:
+        cfg = self.cfg
+        check_model(cfg.model)
+        check_dataset(cfg.dataset)
+        check_output(self.output)
+        self._lock = ShardLock(paths.lock_path(self.output, self.shard))
+        self._lock.acquire()
+        self._notify("status", "reading dataset and journal")
+        self.job, self.total, lines = await asyncio.to_thread(self._job_info)
+        self.status = bytearray(lines)
+        jdir = paths.journal_dir(self.output, self.shard)
+        self.journal = JournalWriter(
+            jdir,
+            shard_index=self.shard.index,
+            shard_count=self.shard.count,
+            listener=self._published_threadsafe,
+            fileops=_FaultFileOps(),  # type: ignore[arg-type]
+        )
+        self._last_started: ev.RunStarted | None = None
+        self._finished_last = False
+        self.journal.open(self._replayed)
+        self.run_id = self.journal.run_id
+        self._check_fingerprint()
+
+    def _job_info(self) -> tuple[ev.JobInfo, int, int]:
+        from .dataset import count_lines
+
+        cfg = self.cfg
+        mcfg = config.model_config(cfg.model)
+        n_layers = int(mcfg["num_hidden_layers"])
+        self.hidden_size = int(mcfg["hidden_size"])
+        self.layers = cfg.aux_layers or config.default_aux_layers(n_layers)
+        bad = [i for i in self.layers if not 0 <= i < n_layers]
+        if bad:
+            raise Fatal(EXIT_CONFIG, f"aux_layers {bad} outside 0..{n_layers - 1} of {cfg.model}")
+        lines = count_lines(cfg.dataset)
+        total = len(range(self.shard.index, lines, self.shard.count))
+        with open(os.path.join(cfg.model, "config.json"), "rb") as f:
+            model_sha = config.fingerprint({"config": f.read().decode(errors="replace")})
+        job = ev.JobInfo(
+            model=os.path.abspath(cfg.model),
+            dataset=os.path.abspath(cfg.dataset),
+            dataset_bytes=os.path.getsize(cfg.dataset),
+            dataset_sha=config.file_sha(cfg.dataset),
+            aux_layers=self.layers,
+            output=self.output,
+            shard_index=self.shard.index,
+            shard_count=self.shard.count,
+            backend=cfg.backend,
+            max_length=cfg.max_length,
+            on_overflow=cfg.on_overflow,
+            version=__version__,
+        )
+        job.fingerprint = config.fingerprint(
+            {
+                "model_config": model_sha,
+                "dataset_sha": job.dataset_sha,
+                "aux_layers": job.aux_layers,
+                "max_length": job.max_length,
+                "on_overflow": job.on_overflow,
+                "shard": [job.shard_index, job.shard_count],
+            }
+        )
+        return job, total, lines
+
+    def _replayed(self, batch: list[ev.AnyEvent]) -> None:
+        status = self.status
+        for e in batch:
+            reducer.apply(self.state, e)
+            if isinstance(e, ev.SampleSaved):
+                if e.idx < len(status):
+                    status[e.idx] = SAVED
+            elif isinstance(e, ev.SampleFailed):
+                if not e.retry and e.idx < len(status) and status[e.idx] != SAVED:
+                    status[e.idx] = FAILED
+            elif isinstance(e, ev.RunStarted):
+                self._last_started = e
+            self._finished_last = isinstance(e, ev.RunFinished) or (
+                self._finished_last and not isinstance(e, ev.RunStarted)
+            )
+
+    def _check_fingerprint(self) -> None:
+        last = self._last_started
+        if last is None or last.job.fingerprint == self.job.fingerprint:
+            return
+        diffs = [
+            f"{k}: {getattr(last.job, k)!r} -> {getattr(self.job, k)!r}"
+            for k in (
+                "dataset",
+                "dataset_bytes",
+                "dataset_sha",
+                "model",
+                "aux_layers",
+                "max_length",
+                "on_overflow",
+            )
+            if getattr(last.job, k) != getattr(self.job, k)
+        ]
+        what = "; ".join(diffs) or "model config changed"
+        if self.cfg.force_resume:
+            log.warning("resuming a changed job because of --force-resume (%s)", what)
+            return
+        raise Fatal(
+            EXIT_FINGERPRINT,
+            f"{self.output} holds a job with a different fingerprint ({what}); "
+            "refusing to resume (use --force-resume to override)",
+        )
+
+    def _shard_ids(self) -> range:
+        return range(self.shard.index, len(self.status), self.shard.count)
+
+    def _already_done(self) -> bool:
+        status = self.status
+        if any(status[i] == PENDING for i in self._shard_ids()):
+            return False
+        saved = sum(1 for i in self._shard_ids() if status[i] == SAVED)
+        failed = self.total - saved
+        if not self._finished_last:
+            assert self.journal is not None
+            self.journal.append(ev.RunFinished(saved=saved, failed=failed))
+        log.info(
+            "nothing to do: job already finished (%d saved, %d failed) in %s",
+            saved,
+            failed,
+            self.output,
+        )
+        return True
+
+    async def _main(self) -> int:
+        cfg = self.cfg
+        assert self.journal is not None
+        self.socket_path = cfg.socket or paths.default_socket_path(self.output, self.shard)
+        done_before = sum(1 for i in self._shard_ids() if self.status[i] == SAVED)
+        failed_before = sum(1 for i in self._shard_ids() if self.status[i] == FAILED)
+        self.rid_prefix = f"{self.run_id[:8]}-{self.shard.index}-"
+        self.session = self.state.session + 1
+        self.journal.append(
+            ev.RunStarted(
+                job=self.job,
+                total=self.total,
+                session=self.session,
+                pid=os.getpid(),
+                host=socket.gethostname(),
+                socket=self.socket_path,
+                already_saved=done_before,
+                already_failed=failed_before,
+            )
+        )
+        log.info(
+            "job %s shard %s: %d samples, %d already saved, %d failed; session %d",
+            self.run_id[:8],
+            self.shard.name,
+            self.total,
+            done_before,
+            failed_before,
+            self.session,
+        )
+        await self._start_server()
+        self.dump_dir = cfg.dump_dir or _default_dump_dir(self.run_id, self.shard)
+        self.committer = Committer(self.output)
+        removed = self.committer.clean_temp_files(
+            [paths.sample_relpath(i) for i in range(0, len(self.status), paths.GROUP_SIZE)]
+        )
+        if removed:
+            log.info("removed %d stray temp file(s) from an earlier crash", removed)
+        self.watcher = DumpWatcher(self.dump_dir, self.loop, self._on_dump)
+        self.watcher.start()
+        for path in self.watcher.scan() + self.watcher.stale_temp_files():
+            self._orphan(path, "left by an earlier run")
+        self.commit_pool = ThreadPoolExecutor(cfg.commit_threads, thread_name_prefix="commit")
+        try:
+            await self._start_producer()
+        except Fatal as e:
+            log.error("%s", e)
+            self._append(ev.RunStopped(reason=str(e), exit_code=e.code))
+            return e.code
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self.loop.add_signal_handler(sig, self._on_signal, sig)
+        self.queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=max(8, self.window))
+        self.wake = asyncio.Event()
+        self.done = asyncio.Event()
+        self._feed_stop = threading.Event()
+        feeder = threading.Thread(target=self._feed, name="feeder", daemon=True)
+        feeder.start()
+        tasks = [
+            asyncio.create_task(self._dispatch()),
+            asyncio.create_task(self._tick()),
+        ]
+        await self.done.wait()
+        self._feed_stop.set()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return self._exit_code
+
+    async def _start_server(self) -> None:
+        try:
+            from .server import EventServer
+        except ImportError:  # pragma: no cover
+            log.warning("socket server unavailable in this installation")
+            return
+        self.server = EventServer(
+            self.socket_path,
+            journal_dir=paths.journal_dir(self.output, self.shard),
+            snapshot=lambda: self.state,
+            shard=self.shard,
+            output=self.output,
+            host=socket.gethostname(),
+        )
+        try:
+            await self.server.start()
+        except Exception as e:
+            self.server = None
+            log.warning(
+                "no live socket at %s: %s (monitors fall back to the journal)", self.socket_path, e
+            )
+
+    async def _start_producer(self) -> None:
+        cfg = self.cfg
+        if cfg.backend == "sglang":
+            from .producers.sglang import SGLangProducer
+
+            self.producer = SGLangProducer(
+                cfg.server,
+                dump_dir=self.dump_dir,
+                aux_layers=self.layers,
+                concurrency=cfg.concurrency or 32,
+                request_timeout=cfg.request_timeout,
+            )
+        else:
+            from .producers.hf import HFProducer
+
+            self.producer = HFProducer(
+                cfg.model,
+                dump_dir=self.dump_dir,
+                aux_layers=self.layers,
+                workers=cfg.workers,
+                batch_tokens=cfg.batch_tokens,
+                device=cfg.device,
+                dtype=cfg.dtype,
+                hang_timeout=cfg.request_timeout,
+                window=cfg.concurrency,
+            )
+        self._notify("extend_timeout", 600_000_000)
+        self._notify("status", f"starting producer {cfg.backend}")
+        try:
+            await self.producer.start(_Callbacks(self))
+        except Exception as e:
+            raise Fatal(EXIT_PRODUCER, f"producer {cfg.backend} failed to start: {e}") from e
+        self.window = cfg.concurrency or self.producer.window()
+        self.last_progress = time.monotonic()
+        self._notify("ready")
+        log.info("producer %s up; window %d; dumps in %s", cfg.backend, self.window, self.dump_dir)
+
+    # -- feeding and sending -------------------------------------------------------------------
+
+    def _feed(self) -> None:
+        """Feeder thread: stream the shard's lines, tokenize the pending ones."""
+        from transformers import AutoTokenizer
+
+        from .chat import ChatEncoder
+        from .dataset import BadSample, iter_lines, parse_line
+
+        tok = AutoTokenizer.from_pretrained(self.cfg.model)
+        enc = ChatEncoder(tok, max_length=self.cfg.max_length, on_overflow=self.cfg.on_overflow)
+        status = self.status
+        for idx, raw in iter_lines(self.cfg.dataset, self.shard.index, self.shard.count):
+            if self._feed_stop.is_set():
+                return
+            if idx >= len(status) or status[idx] != PENDING:
+                continue
+            item: Any
+            try:
+                t = enc.encode(parse_line(idx, raw))
+                item = Pending(idx, list(t.input_ids), list(t.loss_mask), bool(t.truncated))
+            except BadSample as bad:
+                item = bad
+            if not self._put(item):
+                return
+        self._put(_END)
+
+    def _put(self, item: Any) -> bool:
+        while not self._feed_stop.is_set():
+            fut = asyncio.run_coroutine_threadsafe(self.queue.put(item), self.loop)
+            try:
+                fut.result(timeout=0.5)
+                return True
+            except TimeoutError:
+                fut.cancel()
+        return False
+
+    async def _dispatch(self) -> None:
+        from .dataset import BadSample
+
+        while True:
+            while (len(self.inflight) >= self.window or self.paused) and not self.stopping:
+                self.wake.clear()
+                await self.wake.wait()
+            if self.stopping:
+                return
+            item = await self.queue.get()
+            if item is _END:
+                self.feed_done = True
+                self._check_done()
+                return
+            if isinstance(item, BadSample):
+                self.status[item.idx] = FAILED
+                self._append(
+                    ev.SampleFailed(idx=item.idx, error=item.error, message=str(item), attempt=0)
+                )
+                continue
+            self._send(item)
+
+    def _send(self, p: Pending) -> None:
+        assert self.producer is not None
+        p.attempt += 1
+        p.rid = f"{self.rid_prefix}{self.session}-{p.idx}-{p.attempt}"
+        p.stage = SENT
+        p.sent_at = time.monotonic()
+        self.inflight[p.rid] = p
+        self.by_idx[p.idx] = p
+        self._append(
+            ev.SampleSent(idx=p.idx, rid=p.rid, attempt=p.attempt, tokens=len(p.input_ids))
+        )
+        self.producer.submit(Request(p.rid, p.idx, p.input_ids, p.attempt, p.sent_at))
+
+    # -- dumps and commits ---------------------------------------------------------------------
+
+    def _on_dump(self, path: str) -> None:
+        rid = rid_of(path)
+        if rid is None or not rid.startswith(self.rid_prefix):
+            return  # another shard's dump in a shared dump area: not ours to judge
+        p = self.inflight.get(rid)
+        if p is None or p.stage != SENT:
+            if p is None and os.path.exists(path):
+                self._orphan(path, "unknown or abandoned request")
+            return
+        try:
+            size = os.path.getsize(path)
+        except FileNotFoundError:
+            return
+        p.stage = DUMPED
+        p.dump_path = path
+        self._append(ev.SampleDumped(idx=p.idx, rid=rid, bytes=size))
+        self._submit_commit(p)
+
+    def _orphan(self, path: str, reason: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+            self.orphans += 1
+            self._append(ev.DumpOrphan(rid=rid_of(path) or "", path=path, reason=reason))
+
+    def _submit_commit(self, p: Pending) -> None:
+        fut = self.loop.run_in_executor(self.commit_pool, self._commit, p)
+        fut.add_done_callback(lambda f, p=p: self._committed(p, f.result()))  # type: ignore[misc]
+
+    def _commit(self, p: Pending) -> tuple[str, str, int]:
+        """Commit thread: validate, write, journal. Returns (outcome, message, errno)."""
+        assert self.journal is not None
+        try:
+            dump = read_dump(p.dump_path)
+            validate(dump, p.input_ids, self.hidden_size, self.layers)
+            done = self.committer.commit(p.idx, p.input_ids, p.loss_mask, dump)
+            faults.kill_point("before_journal_append")
+            self.journal.append(
+                ev.SampleSaved(
+                    idx=p.idx,
+                    path=done.relpath,
+                    bytes=done.nbytes,
+                    tokens=len(p.input_ids),
+                    checksum=done.checksum,
+                    truncated=p.truncated,
+                )
+            )
+            self.largest_sample = max(self.largest_sample, done.nbytes)
+        except BadDump as e:
+            return "bad_dump", str(e), 0
+        except (CommitError, JournalError) as e:
+            return "io", f"{type(e).__name__}: {e}", e.errno or 0
+        except Exception as e:  # a bug must not wedge the sample forever
+            log.exception("commit of sample %d failed", p.idx)
+            return "error", f"{type(e).__name__}: {e}", 0
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(p.dump_path)
+        return "saved", "", 0
+
+    def _committed(self, p: Pending, result: tuple[str, str, int]) -> None:
+        outcome, message, err = result
+        if self.inflight.get(p.rid) is not p:
+            return
+        if outcome == "saved":
+            del self.inflight[p.rid]
+            self.by_idx.pop(p.idx, None)
+            self.status[p.idx] = SAVED
+            self.last_progress = time.monotonic()
+            self._after_completion()
+        elif outcome == "io" and err in DISK_FULL:
+            self.retry_commits.append(p)
+            self._pause(f"disk full writing to {self.output}: {message}")
+        elif outcome == "bad_dump":
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(p.dump_path)
+            self._fail_attempt(p, "BadDump", message)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(p.dump_path)
+            self._fail_attempt(p, "CommitError" if outcome == "io" else "InternalError", message)
+
+    def _fail_attempt(self, p: Pending, error: str, message: str) -> None:
+        """An attempt failed: retry while attempts remain, else record the sample failed."""
+        assert self.producer is not None
+        self.inflight.pop(p.rid, None)
+        retry = p.attempt < self.cfg.max_attempts and not self.stopping
+        self._append(
+            ev.SampleFailed(idx=p.idx, error=error, message=message, attempt=p.attempt, retry=retry)
+        )
+        if retry:
+            log.warning(
+                "sample %d attempt %d failed (%s: %s); retrying", p.idx, p.attempt, error, message
+            )
+            self._send(p)
+            return
+        if not self.stopping:
+            log.warning(
+                "sample %d failed for good after %d attempt(s): %s: %s",
+                p.idx,
+                p.attempt,
+                error,
+                message,
+            )
+            self.status[p.idx] = FAILED
+        self.by_idx.pop(p.idx, None)
+        self.last_progress = time.monotonic()
+        self._after_completion()
+
+    def _after_completion(self) -> None:
+        self.wake.set()
+        self._check_done()
+
+    def _check_done(self) -> None:
+        if self.inflight:
+            return
+        if self.feed_done and not self.stopping:
+            saved = sum(1 for i in self._shard_ids() if self.status[i] == SAVED)
+            failed = sum(1 for i in self._shard_ids() if self.status[i] == FAILED)
+            self._append(ev.RunFinished(saved=saved, failed=failed))
+            log.info("finished: %d saved, %d failed of %d", saved, failed, self.total)
+            self.done.set()
+        elif self.stopping:
+            self._append(ev.RunStopped(reason=self.stopping, exit_code=EXIT_OK))
+            self.done.set()
+
+    # -- pause on a full disk ------------------------------------------------------------------
+
+    def _pause(self, reason: str) -> None:
+        if self.paused:
+            return
+        self.paused = reason
+        log.error("paused: %s; will resume when space is freed", reason)
+        self._append(ev.RunState(state="paused", reason=reason))
+        self._notify("status", f"PAUSED: {reason}")
+
+    def _maybe_resume(self) -> None:
+        if not self.paused:
+            return
+        st = os.statvfs(self.output)
+        free = st.f_bavail * st.f_frsize
+        need = max(
+            2 * self.largest_sample,
+            2 * sum(_size(p.dump_path) for p in self.retry_commits),
+            1 << 20,
+        )
+        if free < need:
+            return
+        self.paused = ""
+        log.info("disk space available again (%d bytes free); resuming", free)
+        self._append(ev.RunState(state="running", reason="disk space freed"))
+        retry, self.retry_commits = self.retry_commits, []
+        for p in retry:
+            self._submit_commit(p)
+        self.wake.set()
+
+    # -- the 1-second tick ---------------------------------------------------------------------
+
+    async def _tick(self) -> None:
+        from .telemetry import Telemetry
+
+        telemetry = Telemetry(self.output, self.dump_dir)
+        n = 0
+        while True:
+            await asyncio.sleep(1.0)
+            n += 1
+            now = time.monotonic()
+            self._check_timeouts(now)
+            self._maybe_resume()
+            if n % 5 == 0:
+                for path in self.watcher.scan():
+                    self._on_dump(path)  # safety net for a lost inotify event
+            assert self.producer is not None
+            stats = telemetry.sample(
+                producer_health=self.producer.health(),
+                inflight=len(self.inflight),
+                orphans=self.orphans,
+            )
+            stats.state = "paused" if self.paused else ("draining" if self.stopping else "running")
+            self._append(stats)
+            self._heartbeat(now)
+            if n % 10 == 0:
+                self._log_progress()
+
+    def _check_timeouts(self, now: float) -> None:
+        assert self.producer is not None
+        limit = self.cfg.request_timeout
+        for p in [p for p in self.inflight.values() if p.stage == SENT and now - p.sent_at > limit]:
+            self.producer.cancel(p.rid)
+            self._fail_attempt(p, "Timeout", f"no dump within {limit:.0f} s")
+
+    def _heartbeat(self, now: float) -> None:
+        view = reducer.view(self.state, time.time())
+        if self.notifier is None:
+            return
+        from .notify import format_status
+
+        phase = "paused" if self.paused else ("draining" if self.stopping else None)
+        self.notifier.status(format_status(view, phase))
+        assert self.producer is not None
+        idle = bool(self.paused) or (not self.inflight and not self.feed_done)
+        ping = self.watchdog_policy.should_ping(now, self.last_progress, len(self.inflight), idle)
+        if ping and not self.producer.is_stuck(now):
+            self.notifier.watchdog()
+
+    def _log_progress(self) -> None:
+        v = reducer.view(self.state, time.time())
+        eta = "?" if v.eta_s is None else f"{v.eta_s:.0f}s"
+        log.info(
+            "saved %d/%d · failed %d · in flight %d · committing %d · %.2f samples/s · %.0f tok/s · ETA %s",
+            v.saved,
+            v.total,
+            v.failed,
+            v.in_flight,
+            v.committing,
+            v.rate_1m.samples_s,
+            v.rate_1m.tokens_s,
+            eta,
+        )
+
+    # -- publishing ----------------------------------------------------------------------------
+
+    def _append(self, event: ev.Event) -> None:
+        """Append from the loop thread; a full disk pauses, other journal failures stop."""
+        assert self.journal is not None
+        try:
+            self.journal.append(event)
+        except JournalError as e:
+            if e.errno in DISK_FULL:
+                self._pause(f"disk full writing the journal: {e}")
+            elif not self.stopping:
+                log.error("journal failure, stopping: %s", e)
+                self._exit_code = EXIT_INTERNAL
+                self.stopping = f"journal failure: {e}"
+                self.done.set()
+
+    def _published_threadsafe(self, e: ev.Event) -> None:
+        loop = getattr(self, "loop", None)
+        if loop is None or loop.is_closed():
+            return
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(self._published, e)
+
+    def _published(self, e: ev.Event) -> None:
+        reducer.apply(self.state, e)
+        if self.server is not None:
+            self.server.publish(e)
+
+    # -- stopping ------------------------------------------------------------------------------
+
+    def _on_signal(self, sig: int) -> None:
+        name = signal.Signals(sig).name
+        if self.stopping:
+            log.warning("%s again: stopping now, abandoning %d in flight", name, len(self.inflight))
+            self.inflight.clear()
+            self._check_done()
+            return
+        self.stopping = f"signal {name}"
+        self._feed_stop.set()
+        self._notify("stopping")
+        log.info("%s: stopping; draining %d sample(s) in flight", name, len(self.inflight))
+        self._append(ev.RunState(state="draining", reason=self.stopping))
+        self.wake.set()
+        self.loop.call_later(self.drain_timeout, self._abandon)
+        self._check_done()
+
+    def _abandon(self) -> None:
+        if self.inflight:
+            log.warning(
+                "drain timeout: abandoning %d sample(s); they are redone on resume",
+                len(self.inflight),
+            )
+            self.inflight.clear()
+        self._check_done()
+
+    async def _shutdown(self) -> None:
+        if self.producer is not None:
+            with contextlib.suppress(Exception):
+                await self.producer.stop()
+        if getattr(self, "watcher", None) is not None:
+            self.watcher.stop()
+        if getattr(self, "commit_pool", None) is not None:
+            self.commit_pool.shutdown(wait=True)
+        if self.journal is not None:
+            with contextlib.suppress(JournalError):
+                self.journal.close()
+        # Let the listener's last call_soon_threadsafe callbacks reach subscribers.
+        await asyncio.sleep(0)
+        if self.server is not None:
+            with contextlib.suppress(Exception):
+                await self.server.close()
+        if self._lock is not None:
+            self._lock.release()
+
+
+class _Callbacks:
+    """ProducerEvents for the daemon: hop onto the loop thread."""
+
+    def __init__(self, d: Daemon) -> None:
+        self.d = d
+
+    def request_failed(self, rid: str, error: str, message: str, retryable: bool) -> None:
+        self.d.loop.call_soon_threadsafe(self._failed, rid, error, message, retryable)
+
+    def _failed(self, rid: str, error: str, message: str, retryable: bool) -> None:
+        p = self.d.inflight.get(rid)
+        if p is None or p.stage != SENT:
+            return
+        if not retryable:
+            p.attempt = max(p.attempt, self.d.cfg.max_attempts)
+        self.d._fail_attempt(p, error, message)
+
+    def producer_state(self, state: str, message: str = "") -> None:
+        self.d.loop.call_soon_threadsafe(self._state, state, message)
+
+    def _state(self, state: str, message: str) -> None:
+        log.log(
+            logging.INFO if state == "up" else logging.WARNING, "producer %s: %s", state, message
+        )
+        self.d._append(ev.ProducerEvent(state=state, message=message))
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def _default_dump_dir(run_id: str, shard: Shard) -> str:
+    base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else "/tmp"
+    return os.path.join(base, f"eagle3d-{os.getuid()}", f"{run_id[:8]}-{shard.name}")
+
+
+# -- command line ----------------------------------------------------------------------------
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "run",
+        help="run (or resume) an extraction job in the foreground",
+        description="Extract EAGLE-3 hidden states for every sample of a shard. "
+        "Rerun the same command to resume; a finished job is a no-op.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    config.add_job_arguments(p)
+    p.set_defaults(func=cmd_run)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .logsetup import setup_logging
+
+    setup_logging()
+    try:
+        cfg = config.from_args(args)
+        faults.parse(os.environ.get("EAGLE3D_FAULT", ""))
+    except (config.ConfigError, ValueError) as e:
+        log.error("%s", e)
+        return EXIT_CONFIG
+    try:
+        return asyncio.run(Daemon(cfg).run())
+    except Fatal as e:
+        log.error("%s", e)
+        return e.code
+    except KeyboardInterrupt:
+        return EXIT_OK
+
+
+def run_job(cfg: config.JobConfig) -> int:
+    """Run a job in this process (used by ``eagle3d demo`` and benchmarks)."""
+    return asyncio.run(Daemon(cfg).run())
+
+
+__all__ = ["Daemon", "cmd_run", "register", "run_job"]

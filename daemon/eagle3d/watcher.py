@@ -1,0 +1,78 @@
+"""Watches the dump area: the daemon sees dumps arrive itself (inotify via watchdog).
+
+Producers write ``.<rid>.e3dump.tmp`` and rename it to ``<rid>.e3dump``; only the final name
+is reported. A periodic :meth:`DumpWatcher.scan` is the safety net for an event lost to an
+overflowing inotify queue; the dump area holds only uncommitted dumps, so it stays small.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+
+from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.observers import Observer
+
+from .dump import rid_of
+
+
+class _Handler(FileSystemEventHandler):
+    def __init__(self, notify: Callable[[str], None]) -> None:
+        self.notify = notify
+
+    def on_created(self, event: FileSystemEvent) -> None:
+        if not event.is_directory:
+            self.notify(str(event.src_path))
+
+    def on_moved(self, event: FileSystemEvent) -> None:
+        if not event.is_directory:
+            self.notify(str(event.dest_path))
+
+    def on_closed(self, event: FileSystemEvent) -> None:
+        if not event.is_directory:
+            self.notify(str(event.src_path))
+
+
+class DumpWatcher:
+    """Calls ``on_dump(path)`` on the event loop for every complete dump in ``dump_dir``."""
+
+    def __init__(
+        self, dump_dir: str, loop: asyncio.AbstractEventLoop, on_dump: Callable[[str], None]
+    ) -> None:
+        self.dump_dir = dump_dir
+        self.loop = loop
+        self.on_dump = on_dump
+        self._observer = Observer()
+
+    def _notify(self, path: str) -> None:
+        if rid_of(path) is not None and os.path.dirname(path) == self.dump_dir:
+            self.loop.call_soon_threadsafe(self.on_dump, path)
+
+    def start(self) -> None:
+        os.makedirs(self.dump_dir, exist_ok=True)
+        self._observer.schedule(_Handler(self._notify), self.dump_dir, recursive=False)
+        self._observer.start()
+
+    def scan(self) -> list[str]:
+        """Complete dumps present now (the safety net, and orphans at start)."""
+        try:
+            names = os.listdir(self.dump_dir)
+        except FileNotFoundError:
+            return []
+        return [os.path.join(self.dump_dir, n) for n in names if rid_of(n) is not None]
+
+    def stale_temp_files(self) -> list[str]:
+        try:
+            names = os.listdir(self.dump_dir)
+        except FileNotFoundError:
+            return []
+        return [
+            os.path.join(self.dump_dir, n)
+            for n in names
+            if n.startswith(".") and n.endswith(".tmp")
+        ]
+
+    def stop(self) -> None:
+        self._observer.stop()
+        self._observer.join(timeout=5)
