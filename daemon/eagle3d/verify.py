@@ -1,0 +1,217 @@
+"""``eagle3d verify``: check every committed sample against the journal.
+
+For each ``sample saved`` record of every shard journal under ``OUTPUT/.eagle3d``: the file
+exists, its size and checksum match the record, and it loads with the right keys, dtypes and
+shapes. The output tree is never listed: the journal says what should exist.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from eagle3proto import events as ev
+from eagle3proto import paths
+from eagle3proto.journal import replay
+
+from .commit import file_checksum
+
+
+@dataclass(slots=True)
+class ShardReport:
+    shard: str
+    total: int = -1
+    saved: int = 0
+    failed: int = 0
+    finished: bool = False
+    journal_problems: list[str] = field(default_factory=list)
+    journal_fatal: bool = False
+
+
+@dataclass(slots=True)
+class VerifyReport:
+    """What verify found; :attr:`exit_code` is the documented exit status."""
+
+    output: str
+    shards: list[ShardReport] = field(default_factory=list)
+    checked: int = 0
+    bytes_checked: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and not any(s.journal_fatal for s in self.shards)
+
+    @property
+    def exit_code(self) -> int:
+        """0: consistent; 1: a problem was found; 2: no journal under the output."""
+        if not self.shards:
+            return 2
+        return 0 if self.ok else 1
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "output": self.output,
+            "ok": self.ok,
+            "exit_code": self.exit_code,
+            "checked": self.checked,
+            "bytes_checked": self.bytes_checked,
+            "saved": sum(s.saved for s in self.shards),
+            "failed": sum(s.failed for s in self.shards),
+            "problems": self.problems,
+            "shards": [
+                {
+                    "shard": s.shard,
+                    "total": s.total,
+                    "saved": s.saved,
+                    "failed": s.failed,
+                    "pending": max(s.total - s.saved - s.failed, 0) if s.total >= 0 else None,
+                    "finished": s.finished,
+                    "journal_problems": s.journal_problems,
+                }
+                for s in self.shards
+            ],
+        }
+
+    def __str__(self) -> str:
+        lines = [f"eagle3d verify {self.output}"]
+        for s in self.shards:
+            pending = max(s.total - s.saved - s.failed, 0)
+            state = "finished" if s.finished else f"{pending} pending"
+            lines.append(f"  {s.shard}: {s.saved} saved, {s.failed} failed of {s.total} ({state})")
+            lines.extend(f"    journal: {p}" for p in s.journal_problems)
+        gib = self.bytes_checked / (1 << 30)
+        lines.append(f"  checked {self.checked} file(s), {gib:.2f} GiB")
+        if self.problems:
+            lines.append(f"  {len(self.problems)} problem(s):")
+            lines.extend(f"    {p}" for p in self.problems[:50])
+            if len(self.problems) > 50:
+                lines.append(f"    ... and {len(self.problems) - 50} more (see --json)")
+        lines.append("OK" if self.ok else "INCONSISTENT")
+        return "\n".join(lines)
+
+
+def check_sample(output: str, rec: ev.SampleSaved, quick: bool = False) -> str | None:
+    """Check one committed sample; returns a problem description or None."""
+    path = os.path.join(output, rec.path)
+    if rec.path != paths.sample_relpath(rec.idx):
+        return f"sample {rec.idx}: journal path {rec.path} is not {paths.sample_relpath(rec.idx)}"
+    try:
+        size = os.path.getsize(path)
+    except FileNotFoundError:
+        return f"sample {rec.idx}: {rec.path} is missing"
+    if size != rec.bytes:
+        return f"sample {rec.idx}: {rec.path} has {size} bytes, journal says {rec.bytes}"
+    if quick:
+        return None
+    _, checksum = file_checksum(path)
+    if checksum != rec.checksum:
+        return f"sample {rec.idx}: {rec.path} checksum {checksum}, journal says {rec.checksum}"
+    return _check_tensors(path, rec)
+
+
+def _check_tensors(path: str, rec: ev.SampleSaved) -> str | None:
+    import torch
+
+    try:
+        d = torch.load(path, mmap=True, weights_only=True)
+    except Exception as e:
+        return f"sample {rec.idx}: {rec.path} does not load ({type(e).__name__}: {e})"
+    want = {"input_ids", "loss_mask", "hidden_state", "aux_hidden_state"}
+    if not isinstance(d, dict) or set(d) != want:
+        return f"sample {rec.idx}: keys {sorted(d) if isinstance(d, dict) else type(d)}"
+    t = rec.tokens
+    ids, mask, hid, aux = d["input_ids"], d["loss_mask"], d["hidden_state"], d["aux_hidden_state"]
+    if tuple(ids.shape) != (t,) or ids.dtype != torch.int64:
+        return f"sample {rec.idx}: input_ids {tuple(ids.shape)} {ids.dtype}, want ({t},) int64"
+    if tuple(mask.shape) != (t,):
+        return f"sample {rec.idx}: loss_mask {tuple(mask.shape)}, want ({t},)"
+    if hid.dim() != 3 or hid.shape[:2] != (1, t):
+        return f"sample {rec.idx}: hidden_state {tuple(hid.shape)}, want (1, {t}, H)"
+    h = hid.shape[2]
+    if aux.dim() != 3 or aux.shape[:2] != (1, t) or aux.shape[2] % h or aux.shape[2] == h:
+        return f"sample {rec.idx}: aux_hidden_state {tuple(aux.shape)}, want (1, {t}, kH) with H={h}"
+    return None
+
+
+def verify(output: str, *, quick: bool = False, jobs: int = 4) -> VerifyReport:
+    """Verify an output directory (all shards)."""
+    report = VerifyReport(os.path.abspath(output))
+    saved: dict[int, ev.SampleSaved] = {}
+    for shard, jdir in paths.shard_dirs(output):
+        sr = ShardReport(shard.name)
+        failed: set[int] = set()
+        shard_saved: dict[int, ev.SampleSaved] = {}
+
+        def sink(batch: list[ev.AnyEvent], sr: ShardReport = sr) -> None:
+            for e in batch:
+                if isinstance(e, ev.SampleSaved):
+                    if e.idx in shard_saved:
+                        report.problems.append(f"sample {e.idx}: saved twice in {sr.shard}")
+                    shard_saved[e.idx] = e
+                    failed.discard(e.idx)
+                elif isinstance(e, ev.SampleFailed) and not e.retry:
+                    failed.add(e.idx)
+                elif isinstance(e, ev.RunStarted):
+                    sr.total = e.total
+                    sr.finished = False
+                elif isinstance(e, ev.RunFinished):
+                    sr.finished = True
+
+        rep = replay(jdir, sink)
+        sr.journal_problems = [p.describe() for p in rep.problems]
+        sr.journal_fatal = rep.stopped_early
+        if rep.stopped_early:
+            report.problems.extend(f"{shard.name} journal: {p}" for p in sr.journal_problems)
+        for idx in shard_saved:
+            if not shard.owns(idx):
+                report.problems.append(f"sample {idx}: saved by {shard.name}, which does not own it")
+            if idx in saved:
+                report.problems.append(f"sample {idx}: saved by more than one shard")
+        saved.update(shard_saved)
+        sr.saved = len(shard_saved)
+        sr.failed = len(failed - set(shard_saved))
+        report.shards.append(sr)
+    records = sorted(saved.values(), key=lambda r: r.idx)
+    with ThreadPoolExecutor(max(1, jobs)) as pool:
+        for rec, problem in zip(
+            records, pool.map(lambda r: check_sample(output, r, quick), records), strict=True
+        ):
+            report.checked += 1
+            report.bytes_checked += rec.bytes
+            if problem:
+                report.problems.append(problem)
+    return report
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "verify",
+        help="check every committed sample against the journal",
+        description="Check each sample the journal says is saved: present, size and checksum "
+        "match, tensors load with the right shapes. Exit 0 only if all is consistent "
+        "(1: a problem was found, 2: no journal under --output).",
+    )
+    p.add_argument("--output", required=True, help="output directory of a job")
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p.add_argument("--quick", action="store_true", help="sizes only: skip checksums and loads")
+    p.add_argument("--jobs", type=int, default=4, help="files checked in parallel")
+    p.set_defaults(func=cmd_verify)
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    report = verify(args.output, quick=args.quick, jobs=args.jobs)
+    if args.json:
+        sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")
+    else:
+        print(report)
+    if not report.shards:
+        print(f"no eagle3d journal under {args.output}/{paths.STATE_DIR}", file=sys.stderr)
+    return report.exit_code
+
+
+__all__ = ["VerifyReport", "check_sample", "register", "verify"]
