@@ -78,6 +78,7 @@ class ShardState(msgspec.Struct, kw_only=True):
     unknown_kinds: int = 0
     first_ts: float = 0.0
     session_start_ts: float = 0.0
+    stop_code: int = 0  # exit code of the last run_stopped (0: clean, resumable)
 
 
 def new_state() -> ShardState:
@@ -133,6 +134,7 @@ def _run_started(s: ShardState, e: ev.RunStarted) -> None:
     s.session = e.session
     s.state = "running"
     s.state_reason = ""
+    s.stop_code = 0
     s.session_start_ts = e.ts
     s.changed["sent"] = e.ts
 
@@ -213,6 +215,7 @@ def _stopped(s: ShardState, e: ev.RunStopped) -> None:
     s.in_flight = s.committing = 0
     s.state = "stopped"
     s.state_reason = e.reason
+    s.stop_code = e.exit_code
 
 
 def _finished(s: ShardState, e: ev.RunFinished) -> None:
