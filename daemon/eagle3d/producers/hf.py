@@ -111,7 +111,14 @@ class HFProducer(Producer):
             *cmd,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={
+                **os.environ,
+                "PYTHONUNBUFFERED": "1",
+                # A worker never downloads, and its progress bars would only clutter the log.
+                "HF_HUB_OFFLINE": "1",
+                "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+                "TRANSFORMERS_VERBOSITY": "error",
+            },
         )
         w = _Worker(slot, proc, last_progress=time.monotonic())
         w.ready = asyncio.get_running_loop().create_future()
