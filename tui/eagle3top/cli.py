@@ -1,0 +1,122 @@
+"""``eagle3-top``: the command line. Heavy imports (Textual) happen only for the TUI."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from .report import EXIT_CODES_HELP
+
+DESCRIPTION = """\
+Monitor eagle3d extraction runs: live from the daemon's socket, else from the journal
+in OUTPUT/.eagle3d (a finished or dead run stays fully inspectable), or on remote HOSTs
+over ssh (`ssh HOST eagle3-top --stream ...`, no port forwarding).
+"""
+
+EPILOG = (
+    EXIT_CODES_HELP
+    + """
+sources, in order: --socket; the socket named by the newest run_started record in the
+journal; the default socket path; else the journal itself, followed live.
+liveness: a socket that answers means up; otherwise the daemon's shard lock
+(OUTPUT/.eagle3d/shard-I-of-N.lock) held in /proc/locks means up, not held means down.
+
+environment: EAGLE3_TOP_SSH (ssh command, default "ssh -T -o BatchMode=yes
+-o ConnectTimeout=10"), EAGLE3_TOP_REMOTE (remote program, default "eagle3-top"),
+NO_COLOR / FORCE_COLOR (--once text), TEXTUAL_COLOR_SYSTEM (e.g. 256 over ssh).
+keys: q quit, ? help, p pause, r reconnect now.
+"""
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="eagle3-top",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("hosts", nargs="*", metavar="HOST", help="remote hosts to attach to over ssh")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--output", "-o", metavar="DIR", help="the job's output directory")
+    src.add_argument("--socket", "-s", metavar="PATH", help="the daemon's socket")
+    p.add_argument("--shard", metavar="I/N", help="only this shard (default: all found)")
+    p.add_argument(
+        "--interval",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="refresh interval in seconds (default 1, at least 0.25)",
+    )
+    p.add_argument("--once", "-1", action="store_true", help="print one snapshot and exit")
+    p.add_argument("--json", action="store_true", help="with --once: one JSON document")
+    p.add_argument(
+        "--stream",
+        action="store_true",
+        help="relay the socket (or journal) as frames on stdio (what ssh runs remotely)",
+    )
+    return p
+
+
+def remote_args(args: argparse.Namespace) -> list[str]:
+    out: list[str] = []
+    if args.output:
+        out += ["--output", args.output]
+    if args.socket:
+        out += ["--socket", args.socket]
+    if args.shard:
+        out += ["--shard", args.shard]
+    return out
+
+
+def targets(args: argparse.Namespace) -> list:
+    from eagle3proto.paths import Shard
+
+    from .sources import discover
+
+    found = discover(args.output, args.socket)
+    if args.shard:
+        want = Shard.parse(args.shard)
+        found = [t for t in found if t.shard is None or t.shard == want]
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.interval < 0.25:
+        parser.error("--interval below 0.25 s costs CPU for nothing; use 0.25 or more")
+    if args.json and not args.once:
+        parser.error("--json needs --once")
+    if args.stream:
+        if args.hosts:
+            parser.error("--stream relays this host; it takes no HOST")
+        from . import relay
+
+        found = targets(args)
+        if not found:
+            from eagle3proto import wire
+
+            sys.stdout.buffer.write(wire.encode(wire.Error(message="nothing to relay here")))
+            return 3
+        return relay.run(found[0])
+    if args.once or not sys.stdout.isatty():
+        return _once(args)
+    from .app import run_app  # Textual is imported here and only here
+
+    return run_app(args)
+
+
+def _once(args: argparse.Namespace) -> int:
+    from . import once, sources
+
+    if args.hosts:
+        rows = [sources.once_remote(h, remote_args(args)) for h in args.hosts]
+    else:
+        rows = [sources.once_local(t) for t in targets(args)]
+    return once.run(rows, time.time(), args.json)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

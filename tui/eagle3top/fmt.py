@@ -1,0 +1,149 @@
+"""Pure formatting and projection: numbers in, short strings out. No I/O, no clock.
+
+Everything a screen or ``--once`` prints goes through here, so the TUI, the text report
+and the tests agree on "3 h 10 m", "1.2 GB" and whether the disk fits.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+from eagle3proto import events as ev
+from eagle3proto.reducer import View
+
+_SPARK = "▁▂▃▄▅▆▇█"
+
+
+def duration(seconds: float | None) -> str:
+    """``42 s``, ``5 m 03 s``, ``3 h 10 m``, ``2 d 4 h``; ``—`` when unknown."""
+    if seconds is None or math.isnan(seconds) or math.isinf(seconds):
+        return "—"
+    s = int(max(seconds, 0.0) + 0.5)
+    if s < 60:
+        return f"{s} s"
+    m, s = divmod(s, 60)
+    if m < 60:
+        return f"{m} m {s:02d} s"
+    h, m = divmod(m, 60)
+    if h < 48:
+        return f"{h} h {m:02d} m"
+    d, h = divmod(h, 24)
+    return f"{d} d {h} h"
+
+
+def size(n: float | None) -> str:
+    """Bytes with SI units (powers of 1000, like ``df -H`` and Rich's filesize)."""
+    if n is None:
+        return "—"
+    n = float(n)
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} PB"  # pragma: no cover
+
+
+def count(n: int) -> str:
+    return f"{n:,}"
+
+
+def rate(x: float, unit: str) -> str:
+    if x >= 100:
+        return f"{x:,.0f} {unit}/s"
+    if x >= 10:
+        return f"{x:.1f} {unit}/s"
+    return f"{x:.2f} {unit}/s"
+
+
+def age(seconds: float | None) -> str:
+    """Age of a fact: ``now``, ``3 s ago``, ``2 m 10 s ago``; ``never`` when unknown."""
+    if seconds is None:
+        return "never"
+    if seconds < 1:
+        return "now"
+    return f"{duration(seconds)} ago"
+
+
+def clock_time(ts: float, now: float, tz_offset_s: float | None = None) -> str:
+    """Wall-clock time of ``ts`` as ``HH:MM`` (with the date if not ``now``'s day)."""
+    off = _tz_offset(ts) if tz_offset_s is None else tz_offset_s
+    t = time.gmtime(ts + off)
+    n = time.gmtime(now + off)
+    if (t.tm_year, t.tm_yday) == (n.tm_year, n.tm_yday):
+        return time.strftime("%H:%M", t)
+    return time.strftime("%a %d %b %H:%M", t)
+
+
+def _tz_offset(ts: float) -> float:
+    lt = time.localtime(ts)
+    return float(lt.tm_gmtoff or 0)
+
+
+def sparkline(values: list[int] | list[float]) -> str:
+    """Unicode block sparkline scaled to the maximum of ``values``."""
+    if not values:
+        return ""
+    top = max(values)
+    if top <= 0:
+        return _SPARK[0] * len(values)
+    return "".join(
+        _SPARK[min(int(v / top * (len(_SPARK) - 1) + 0.5), len(_SPARK) - 1)] for v in values
+    )
+
+
+def bar(fraction: float, width: int) -> str:
+    """A text progress bar of ``width`` cells."""
+    f = min(max(fraction, 0.0), 1.0)
+    full = int(f * width)
+    return "█" * full + "░" * (width - full)
+
+
+@dataclass(frozen=True, slots=True)
+class DiskProjection:
+    """Will the rest of the job fit on the output filesystem?"""
+
+    free_bytes: int
+    total_bytes: int
+    needed_bytes: int | None  # bytes still to write at the current mean sample size
+    fits: bool | None  # None: nothing saved yet, cannot project
+    runs_out_in_s: float | None  # at the current write rate, when it does not fit
+    full: bool  # already (practically) full
+
+    def describe(self) -> str:
+        if self.full:
+            return "FULL"
+        if self.fits is None:
+            return "no projection yet"
+        if self.fits:
+            return f"fits ({size(self.needed_bytes)} more needed)"
+        if self.runs_out_in_s is not None:
+            return f"runs out in {duration(self.runs_out_in_s)}"
+        return f"does not fit ({size(self.needed_bytes)} needed)"
+
+
+#: Below this much free space the output filesystem counts as full.
+DISK_FULL_BYTES = 256 << 20
+
+
+def project_disk(v: View, disk: ev.DiskUsage | None) -> DiskProjection | None:
+    """Project the size at completion against the free space of the output filesystem."""
+    if disk is None:
+        return None
+    full = disk.free_bytes < DISK_FULL_BYTES
+    if v.saved <= 0 or v.total < 0:
+        return DiskProjection(disk.free_bytes, disk.total_bytes, None, None, None, full)
+    per_sample = v.bytes_saved / v.saved
+    needed = int(per_sample * v.remaining)
+    fits = needed <= disk.free_bytes
+    runs_out = None
+    if not fits and v.rate_1m.bytes_s > 0:
+        runs_out = disk.free_bytes / v.rate_1m.bytes_s
+    return DiskProjection(disk.free_bytes, disk.total_bytes, needed, fits, runs_out, full)
+
+
+def find_disk(stats: ev.Stats | None, label: str) -> ev.DiskUsage | None:
+    if stats is None:
+        return None
+    return next((d for d in stats.disk if d.label == label), None)

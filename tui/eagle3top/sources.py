@@ -1,0 +1,312 @@
+"""Where the monitor's numbers come from: the daemon's socket, the journal, or an ssh relay.
+
+Discovery (:func:`discover`) turns ``--output``/``--socket`` into one :class:`Target` per
+shard. For each target the socket path is, in order: ``--socket``; the ``socket`` field of
+the newest ``run_started`` record in the journal; :func:`eagle3proto.paths.default_socket_path`.
+
+Liveness ("is the daemon up?") is decided without disturbing it:
+
+* a socket that answers hello means up;
+* otherwise the shard lock (:func:`eagle3proto.paths.lock_path`, an ``flock`` the daemon
+  holds for its whole life) is looked up in ``/proc/locks``; held means up (socket
+  unreachable), not held means down. Where ``/proc/locks`` cannot be read the lock is tested
+  with a non-blocking shared ``flock`` that is released at once.
+
+Blocking helpers here serve ``--once`` (no asyncio import on that path); the asyncio feeds
+that keep the TUI's rows up to date live in :mod:`eagle3top.feeds`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shlex
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import msgspec
+from eagle3proto import events as ev
+from eagle3proto import paths, reducer, wire
+from eagle3proto.codec import HEADER_SIZE, scan
+from eagle3proto.journal import Follower, list_segments
+
+from .model import Row
+
+#: Default ssh command for remote hosts; ``EAGLE3_TOP_SSH`` overrides it (tests use a local
+#: stand-in). The remote command is passed as one shell string, as ssh does.
+DEFAULT_SSH = "ssh -T -o BatchMode=yes -o ConnectTimeout=10"
+#: The program run on the remote host; ``EAGLE3_TOP_REMOTE`` overrides it.
+DEFAULT_REMOTE = "eagle3-top"
+
+
+class SourceInfo(msgspec.Struct, tag="source", tag_field="kind", kw_only=True):
+    """Sent by the ``--stream`` relay before the snapshot: what it is relaying."""
+
+    mode: str = "socket"  # socket | journal
+    alive: bool | None = None  # the daemon, as the relay sees it on its host
+    detail: str = ""
+
+
+_enc = msgspec.msgpack.Encoder()
+_source_dec = msgspec.msgpack.Decoder(SourceInfo)
+
+
+def decode(payload: bytes) -> object:
+    """Decode one relay/socket payload: wire messages, events, or :class:`SourceInfo`."""
+    msg = wire.decode_payload(payload)
+    if isinstance(msg, ev.Unknown) and msg.kind == "source":
+        return _source_dec.decode(payload)
+    return msg
+
+
+@dataclass(frozen=True)
+class Target:
+    """One local shard to watch."""
+
+    label: str
+    output: str = ""
+    shard: paths.Shard | None = None
+    socket: str = ""  # explicit --socket
+    jdir: str = ""
+    lock: str = ""
+
+    def socket_candidates(self) -> list[str]:
+        if self.socket:
+            return [self.socket]
+        out: list[str] = []
+        if self.jdir:
+            s = newest_socket(self.jdir)
+            if s:
+                out.append(s)
+        if self.output and self.shard is not None:
+            d = paths.default_socket_path(self.output, self.shard)
+            if d not in out:
+                out.append(d)
+        return out
+
+
+def discover(output: str | None, sock: str | None) -> list[Target]:
+    """The shards to watch for ``--output``/``--socket`` (cwd when it holds a journal)."""
+    if not output and not sock and os.path.isdir(paths.state_dir(".")):
+        output = "."
+    if not output:
+        return (
+            [Target(label=os.path.basename(sock or "") or "socket", socket=sock or "")]
+            if sock
+            else []
+        )
+    output = os.path.abspath(output)
+    found = paths.shard_dirs(output)
+    if not found:
+        shard = paths.Shard(0, 1)
+        found = [(shard, paths.journal_dir(output, shard))]
+    return [
+        Target(
+            label=shard.name,
+            output=output,
+            shard=shard,
+            socket=sock if (sock and len(found) == 1) else "",
+            jdir=jdir,
+            lock=paths.lock_path(output, shard),
+        )
+        for shard, jdir in found
+    ]
+
+
+def newest_socket(jdir: str, probe_bytes: int = 1 << 16) -> str:
+    """The ``socket`` of the newest ``run_started`` (read from the newest segments' heads).
+
+    Every daemon start opens a new segment and journals ``run_started`` near its start, so
+    only the first frames of each segment, newest first, need reading.
+    """
+    for seg in reversed(list_segments(jdir)):
+        try:
+            with open(seg, "rb") as f:
+                head = f.read(HEADER_SIZE + probe_bytes)
+        except OSError:
+            continue
+        for p in scan(head, HEADER_SIZE).payloads:
+            try:
+                e = ev.decode(p)
+            except msgspec.DecodeError:
+                break
+            if isinstance(e, ev.RunStarted):
+                return e.socket
+    return ""
+
+
+def lock_held(path: str, proc_locks: str = "/proc/locks") -> bool:
+    """Whether some process holds an ``flock`` on ``path`` (the daemon's shard lock)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    try:
+        with open(proc_locks) as f:
+            text = f.read()
+    except OSError:
+        return _flock_probe(path)
+    want = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    ino = f":{st.st_ino}"
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) < 6 or parts[1] == "->" or parts[1] != "FLOCK":
+            continue
+        where = parts[5]
+        # Overlay filesystems report the lower device; the inode still identifies the file.
+        if where == want or where.endswith(ino):
+            return True
+    return False
+
+
+def _flock_probe(path: str) -> bool:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing releases the probe's shared lock at once
+    return False
+
+
+# -- blocking reads for --once ----------------------------------------------------------------
+
+
+def fetch_socket(path: str, timeout: float = 2.0) -> wire.Snapshot:
+    """Ask a daemon for one snapshot (``hello mode=once``). Raises OSError if unreachable."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    try:
+        s.connect(path)
+        s.sendall(wire.encode(wire.Hello(mode="once", client="eagle3-top --once")))
+        return _read_snapshot(s.recv, timeout)
+    finally:
+        s.close()
+
+
+def _read_snapshot(recv: Callable[[int], bytes], timeout: float) -> wire.Snapshot:
+    frames = wire.FrameBuffer()
+    deadline = time.monotonic() + timeout
+    snap: wire.Snapshot | None = None
+    while time.monotonic() < deadline:
+        data = recv(1 << 16)
+        if not data:
+            break
+        for p in frames.feed(data):
+            m = decode(p)
+            if isinstance(m, wire.Snapshot):
+                snap = m
+            elif isinstance(m, wire.Error):
+                raise ConnectionError(f"daemon refused: {m.message}")
+            elif isinstance(m, wire.Bye | SourceInfo) and snap is not None:
+                return snap
+    if snap is None:
+        raise ConnectionError("no snapshot from the daemon")
+    return snap
+
+
+def read_journal(jdir: str) -> tuple[reducer.ShardState, Follower]:
+    """Fold a shard's whole journal (read-only). The follower continues from its end."""
+    state = reducer.new_state()
+    fol = Follower(jdir)
+    reducer.apply_all(state, fol.poll())
+    return state, fol
+
+
+def once_local(t: Target) -> Row:
+    """One shard's row for ``--once``: from the socket, else from the journal."""
+    row = Row(label=t.label, output=t.output, shard=t.label, host=socket.gethostname())
+    errors = []
+    for path in t.socket_candidates():
+        try:
+            snap = fetch_socket(path)
+        except (OSError, ConnectionError) as e:
+            errors.append(
+                f"socket {path}: {e.strerror if isinstance(e, OSError) and e.strerror else e}"
+            )
+            continue
+        row.state = snap.state
+        row.source, row.alive, row.conn = "socket", True, "live"
+        row.host = snap.host or row.host
+        return row
+    if t.jdir and list_segments(t.jdir):
+        state, fol = read_journal(t.jdir)
+        row.state = state
+        row.source, row.conn = "journal", "journal"
+        row.alive = lock_held(t.lock) if t.lock else None
+        for p in [*fol.problems, *([fol.stuck] if fol.stuck else [])]:
+            row.notes.append(f"journal: {p.describe()}")
+        return row
+    row.error = "; ".join(errors) or "nothing to read"
+    if t.jdir:
+        row.error = f"no journal at {t.jdir}" + (f"; {row.error}" if errors else "")
+    return row
+
+
+# -- remote hosts --------------------------------------------------------------------------
+
+
+def ssh_argv(host: str, remote_args: list[str], env: dict[str, str] | None = None) -> list[str]:
+    """``ssh HOST 'eagle3-top --stream ...'`` with the ssh and remote commands configurable."""
+    env = dict(os.environ) if env is None else env
+    ssh = shlex.split(env.get("EAGLE3_TOP_SSH") or DEFAULT_SSH)
+    remote = shlex.split(env.get("EAGLE3_TOP_REMOTE") or DEFAULT_REMOTE)
+    return [*ssh, host, shlex.join([*remote, "--stream", *remote_args])]
+
+
+def once_remote(host: str, remote_args: list[str], timeout: float = 20.0) -> Row:
+    """One remote shard's row for ``--once``, through the ``--stream`` relay over ssh."""
+    row = Row(label=host, host=host, source="ssh")
+    hello = wire.encode(wire.Hello(mode="once", client="eagle3-top --once"))
+    try:
+        proc = subprocess.run(
+            ssh_argv(host, remote_args),
+            input=hello,
+            capture_output=True,
+            timeout=timeout,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        row.error = f"ssh {host}: {e}"
+        return row
+    frames = wire.FrameBuffer()
+    try:
+        msgs = [decode(p) for p in frames.feed(proc.stdout)]
+    except wire.ProtocolError as e:
+        row.error = f"{host}: bad relay output ({e})"
+        return row
+    for m in msgs:
+        if isinstance(m, SourceInfo):
+            row.alive = m.alive
+            row.source = f"ssh/{m.mode}"
+            if m.detail:
+                row.notes.append(m.detail)
+        elif isinstance(m, wire.Snapshot):
+            row.state = m.state
+            row.output = m.output
+            row.shard = f"shard-{m.shard_index}-of-{m.shard_count}"
+            row.label = f"{host} {row.shard}"
+    if row.state is None:
+        err = proc.stderr.decode(errors="replace").strip().splitlines()
+        row.error = f"ssh {host}: exit {proc.returncode}" + (f": {err[-1]}" if err else "")
+    else:
+        row.conn = "live" if row.alive else "journal"
+        if row.alive and row.source == "ssh/socket":
+            row.conn = "live"
+    return row
+
+
+def encode_source(info: SourceInfo) -> bytes:
+    from eagle3proto.codec import encode_frame
+
+    return encode_frame(_enc.encode(info))
+
+
+def safe_close(f: object) -> None:
+    with contextlib.suppress(Exception):
+        f.close()  # type: ignore[attr-defined]
