@@ -1,0 +1,294 @@
+"""The SGLang capture hook, driven through a stand-in of SGLang's Llama forward (tests/sglang_standin.py).
+
+Every dump is compared with an independent Hugging Face forward of the same ids and weights:
+``output_hidden_states[i]`` for the aux layers and the last (post-norm) entry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import sglang_standin as st
+from eagle3d import sglang_hook as sh
+from eagle3d.dump import read_dump, rid_of
+
+
+@pytest.fixture(scope="module")
+def models(tiny_model_dir: Path) -> tuple[st.LlamaForCausalLM, Any]:
+    return st.load_standin(str(tiny_model_dir))
+
+
+def fresh(models: Any) -> st.LlamaForCausalLM:
+    """A stand-in with no hooks and capture off (the HF modules are shared, that is fine)."""
+    _, hf = models
+    return st.LlamaForCausalLM(hf).eval()
+
+
+def capture_of(model: st.LlamaForCausalLM) -> sh.Capture:
+    # (Hugging Face installs its own output-recording hooks on the shared submodules.)
+    (hook,) = [
+        h for m in model.modules() for h in m._forward_hooks.values() if isinstance(h, sh.Capture)
+    ]
+    return hook
+
+
+def install(model: st.LlamaForCausalLM, dump_dir: Path, aux: list[int] | None = None) -> sh.Capture:
+    st.register_forward_hooks(model, [sh.hook_spec(str(dump_dir), aux)])
+    return capture_of(model)
+
+
+def reference(hf: Any, ids: list[int], layers: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    with torch.no_grad():
+        out = hf(torch.tensor([ids]), output_hidden_states=True)
+    hs = out.hidden_states
+    return torch.cat([hs[i][0] for i in layers], dim=-1), hs[-1][0]
+
+
+def prompts(n: int, lengths: list[int], seed: int = 0) -> list[tuple[str, list[int]]]:
+    g = torch.Generator().manual_seed(seed)
+    return [
+        (f"s{k}-a1", torch.randint(3, 900, (lengths[k],), generator=g).tolist()) for k in range(n)
+    ]
+
+
+def send(reqs: list[tuple[str, list[int]]]) -> list[tuple[str, list[int]]]:
+    return [(sh.sglang_rid(rid, ids), ids) for rid, ids in reqs]
+
+
+def check_dumps(
+    dump_dir: Path, hf: Any, reqs: list[tuple[str, list[int]]], layers: list[int]
+) -> None:
+    names = sorted(rid_of(p) or "?" for p in os.listdir(dump_dir))
+    assert names == sorted(rid for rid, _ in reqs)
+    for rid, ids in reqs:
+        d = read_dump(str(dump_dir / f"{rid}.e3dump"))
+        assert d.rid == rid and d.layers == layers
+        assert d.input_ids.tolist() == ids
+        aux, hid = reference(hf, ids, layers)
+        assert d.aux_hidden_state.shape == aux.shape and d.hidden_state.shape == hid.shape
+        torch.testing.assert_close(d.aux_hidden_state, aux, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(d.hidden_state, hid, rtol=1e-4, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# the rid tie
+
+
+def test_rid_tie_round_trip_and_digest_is_blake2b_of_le_int64() -> None:
+    ids = [1, 2, 70000, 5]
+    srid = sh.sglang_rid("s17-a2", ids, send=3)
+    tag = sh.parse_sglang_rid(srid)
+    assert tag == sh.Tag("s17-a2", 3, 4, tag.digest if tag else "")
+    want = hashlib.blake2b(struct.pack("<4q", *ids), digest_size=8).hexdigest()
+    assert tag is not None and tag.digest == want
+    assert sh.parse_sglang_rid(sh.sglang_rid("x.y", ids)).rid == "x.y"  # type: ignore[union-attr]
+    assert sh.ids_digest([1, 2, 3]) != sh.ids_digest([1, 2, 4])
+
+
+@pytest.mark.parametrize(
+    "foreign",
+    ["HEALTH_CHECK_1f2e", "warmup", "e3d.1.4.short.x", "e3d.x.4.0123456789abcdef.r", None, 7],
+)
+def test_foreign_rids_are_not_ours(foreign: object) -> None:
+    assert sh.parse_sglang_rid(foreign) is None
+
+
+@pytest.mark.parametrize("bad", ["../etc", ".hidden", "a/b", "", "a b"])
+def test_unsafe_request_ids_refused(bad: str) -> None:
+    with pytest.raises(ValueError):
+        sh.sglang_rid(bad, [1])
+
+
+# ---------------------------------------------------------------------------------------------
+# dumps equal Hugging Face
+
+
+def test_packed_batch_of_different_lengths_equals_hf(models: Any, tmp_path: Path) -> None:
+    model, hf = fresh(models), models[1]
+    cap = install(model, tmp_path)
+    n = hf.config.num_hidden_layers
+    assert cap.layers == [2, n // 2, n - 3]  # SGLang's EAGLE-3 default, through the model itself
+    reqs = prompts(4, [5, 17, 1, 31])
+    sched = st.Scheduler(model)
+    out = sched.run(send(reqs))
+    cap.writer.drain()  # type: ignore[union-attr]
+    check_dumps(tmp_path, hf, reqs, cap.layers)
+    assert cap.forwards == 1 and len(out) == 4  # one packed extend forward
+
+
+def test_explicit_aux_layers_in_any_order(models: Any, tmp_path: Path) -> None:
+    model, hf = fresh(models), models[1]
+    cap = install(model, tmp_path, [3, 1, 3])
+    assert model.model.layers_to_capture == [1, 3]
+    reqs = prompts(3, [9, 4, 12], seed=1)
+    st.Scheduler(model).run(send(reqs))
+    cap.writer.drain()  # type: ignore[union-attr]
+    check_dumps(tmp_path, hf, reqs, [3, 1, 3])
+
+
+def test_chunked_prefill_is_assembled(models: Any, tmp_path: Path) -> None:
+    model, hf = fresh(models), models[1]
+    cap = install(model, tmp_path)
+    reqs = prompts(3, [5, 23, 40], seed=2)
+    st.Scheduler(model, chunk=7).run(send(reqs))
+    cap.writer.drain()  # type: ignore[union-attr]
+    assert cap.forwards > 5  # really chunked
+    check_dumps(tmp_path, hf, reqs, cap.layers)
+
+
+def test_padding_rows_and_foreign_requests_are_skipped(models: Any, tmp_path: Path) -> None:
+    model, hf = fresh(models), models[1]
+    cap = install(model, tmp_path)
+    reqs = prompts(2, [6, 11], seed=3)
+    mine = send(reqs)
+    items = [
+        ("warmup-0", [5, 6, 7], 0),
+        (mine[0][0], mine[0][1], 0),
+        ("HEALTH_CHECK_x", [0], 0),
+        (mine[1][0], mine[1][1], 0),
+    ]
+    fb = st.make_batch(items, {}, pad=5)
+    model(fb.input_ids, fb.positions, fb)
+    cap.writer.drain()  # type: ignore[union-attr]
+    check_dumps(tmp_path, hf, reqs, cap.layers)
+
+
+def test_prefix_cache_hit_writes_no_dump(
+    models: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    model, hf = fresh(models), models[1]
+    cap = install(model, tmp_path)
+    reqs = prompts(2, [10, 12], seed=4)
+    sent = send(reqs)
+    st.Scheduler(model).run(sent, cached={sent[0][0]: 4})
+    cap.writer.drain()  # type: ignore[union-attr]
+    check_dumps(tmp_path, hf, reqs[1:], cap.layers)
+    assert cap.assembler.refused == 1
+    assert "--disable-radix-cache" in caplog.text
+
+
+def test_ids_not_matching_the_rid_write_no_dump(models: Any, tmp_path: Path) -> None:
+    model = fresh(models)
+    cap = install(model, tmp_path)
+    srid = sh.sglang_rid("s1-a1", [5, 6, 7, 8])
+    fb = st.make_batch([(srid, [5, 6, 7, 9], 0)], {})
+    model(fb.input_ids, fb.positions, fb)
+    cap.writer.drain()  # type: ignore[union-attr]
+    assert os.listdir(tmp_path) == [] and cap.assembler.refused == 1
+
+
+def test_decode_forwards_are_ignored(models: Any, tmp_path: Path) -> None:
+    model = fresh(models)
+    cap = install(model, tmp_path)
+    ids = [5, 6, 7]
+    fb = st.make_batch([(sh.sglang_rid("s1-a1", ids), ids, 0)], {}, mode=st.ForwardMode.DECODE)
+    model(fb.input_ids, fb.positions, fb)
+    cap.writer.drain()  # type: ignore[union-attr]
+    assert os.listdir(tmp_path) == [] and cap.forwards == 0
+
+
+def test_only_tp_rank_zero_writes(models: Any, tmp_path: Path) -> None:
+    model = fresh(models)
+    cap = sh.make_hook(
+        {"dump_dir": str(tmp_path)}, model=model, ranks=sh.Ranks(tp_rank=1, tp_size=2)
+    )
+    model.model.register_forward_hook(cap)
+    st.Scheduler(model).run(send(prompts(2, [4, 6])))
+    assert cap.writer is None and cap.forwards == 1 and os.listdir(tmp_path) == []
+
+
+def test_writer_survives_a_failed_write(tmp_path: Path) -> None:
+    calls: list[str] = []
+
+    def write(d: str, rid: str, *a: Any) -> None:
+        calls.append(rid)
+        if len(calls) == 1:
+            raise OSError("disk full")
+
+    w = sh.Writer(sh.DumpAssembler(str(tmp_path), [1], write=write), max_pending=1)
+    for k in range(3):
+        ids = [k + 1, k + 2]
+        tag = sh.parse_sglang_rid(sh.sglang_rid(f"r{k}", ids))
+        assert tag is not None
+        w.put(
+            sh.Batch(
+                [sh.Segment(tag, 0, 0, 2)], torch.tensor(ids), torch.zeros(2, 4), torch.zeros(2, 4)
+            )
+        )
+    w.drain()
+    w.close(5)
+    assert calls == ["r0", "r1", "r2"] and w.errors == 1 and w.assembler.written == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# load-time failures name what was expected
+
+
+def test_model_without_eagle3_capture_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(sh.HookLoadError, match="set_eagle3_layers_to_capture"):
+        sh.make_hook({"dump_dir": str(tmp_path)}, model=torch.nn.Linear(2, 2), ranks=sh.Ranks())
+
+
+@pytest.mark.parametrize(
+    "ranks, match",
+    [
+        (sh.Ranks(pp_size=2), "pp_size=2"),
+        (sh.Ranks(attn_dp_size=2), "attn_dp_size=2"),
+        (sh.Ranks(attn_cp_size=2), "attn_cp_size=2"),
+    ],
+)
+def test_unsupported_parallelism_is_refused(
+    models: Any, tmp_path: Path, ranks: sh.Ranks, match: str
+) -> None:
+    with pytest.raises(sh.HookLoadError, match=match):
+        sh.make_hook({"dump_dir": str(tmp_path)}, model=fresh(models), ranks=ranks)
+
+
+@pytest.mark.parametrize("aux", [[0, 1, 2], [1, 2, 4], []])
+def test_bad_aux_layers_are_refused(models: Any, tmp_path: Path, aux: list[int]) -> None:
+    with pytest.raises(sh.HookLoadError, match="aux layers"):
+        sh.make_hook(
+            {"dump_dir": str(tmp_path), "aux_layers": aux}, model=fresh(models), ranks=sh.Ranks()
+        )
+
+
+def test_targets_missing_the_capturing_module_are_refused(models: Any, tmp_path: Path) -> None:
+    spec = sh.hook_spec(str(tmp_path))
+    spec["target_modules"] = ["model.layers.1"]
+    with pytest.raises(
+        sh.HookLoadError, match=r"does not include the capturing model module 'model'"
+    ):
+        st.register_forward_hooks(fresh(models), [spec])
+
+
+def test_second_capture_on_a_speculative_server_is_refused(models: Any, tmp_path: Path) -> None:
+    model = fresh(models)
+    model.set_eagle3_layers_to_capture([1])
+    with pytest.raises(sh.HookLoadError, match="already captures"):
+        sh.make_hook({"dump_dir": str(tmp_path)}, model=model, ranks=sh.Ranks())
+
+
+def test_factory_outside_sglang_needs_a_model(tmp_path: Path) -> None:
+    with pytest.raises(sh.HookLoadError, match="register_forward_hooks"):
+        sh.make_hook({"dump_dir": str(tmp_path)})
+    with pytest.raises(sh.HookLoadError, match="dump_dir"):
+        sh.make_hook({})
+
+
+def test_wrong_calling_convention_fails_loudly(models: Any, tmp_path: Path) -> None:
+    model = fresh(models)
+    cap = sh.make_hook({"dump_dir": str(tmp_path)}, model=model, ranks=sh.Ranks())
+    model.model.register_forward_hook(cap)
+    fb = st.make_batch([("r", [1, 2], 0)], {})
+    with pytest.raises(sh.HookLoadError, match="third positional argument"):
+        model.model(fb.input_ids, fb.positions, forward_batch=fb)
