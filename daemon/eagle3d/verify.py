@@ -134,7 +134,9 @@ def _check_tensors(path: str, rec: ev.SampleSaved) -> str | None:
         return f"sample {rec.idx}: hidden_state {tuple(hid.shape)}, want (1, {t}, H)"
     h = hid.shape[2]
     if aux.dim() != 3 or aux.shape[:2] != (1, t) or aux.shape[2] % h or aux.shape[2] == h:
-        return f"sample {rec.idx}: aux_hidden_state {tuple(aux.shape)}, want (1, {t}, kH) with H={h}"
+        return (
+            f"sample {rec.idx}: aux_hidden_state {tuple(aux.shape)}, want (1, {t}, kH) with H={h}"
+        )
     return None
 
 
@@ -169,7 +171,9 @@ def verify(output: str, *, quick: bool = False, jobs: int = 4) -> VerifyReport:
             report.problems.extend(f"{shard.name} journal: {p}" for p in sr.journal_problems)
         for idx in shard_saved:
             if not shard.owns(idx):
-                report.problems.append(f"sample {idx}: saved by {shard.name}, which does not own it")
+                report.problems.append(
+                    f"sample {idx}: saved by {shard.name}, which does not own it"
+                )
             if idx in saved:
                 report.problems.append(f"sample {idx}: saved by more than one shard")
         saved.update(shard_saved)
