@@ -1,0 +1,237 @@
+"""``eagle3d serve-sglang`` and ``eagle3d sglang-args``: a stock SGLang server set up for extraction.
+
+The extra arguments (checked against SGLang 0.5.21's ``ServerArgs`` by the conformance test):
+
+* ``--forward-hooks '[{...eagle3d.sglang_hook:make_hook...}]'`` loads the capture hook;
+* ``--disable-radix-cache``: a prefix-cache hit skips the prefill of the cached tokens, whose
+  states would then be missing (the hook refuses such requests; this makes them not happen);
+* ``--disable-prefill-cuda-graph``: a replayed CUDA graph never calls Python hooks;
+* ``--enable-metrics``: ``/metrics`` for the client's stats (prompt tokens, running, queued).
+
+Chunked prefill stays on: the hook assembles chunks (it knows each request's length from its
+rid). The server also needs ``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false`` in its
+environment so that ``/health`` answers without running a generation
+(``sglang/srt/entrypoints/http_server.py``; default true in ``sglang/srt/environ.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+log = logging.getLogger("eagle3d.sglang")
+
+HEALTH_ENV = {"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "false"}
+FIXED_ARGS = ["--disable-radix-cache", "--disable-prefill-cuda-graph", "--enable-metrics"]
+# User arguments that would defeat the capture (the hook also refuses them at load time).
+CONFLICTS = {
+    "--forward-hooks": "eagle3d supplies the forward hooks",
+    "--cuda-graph-backend-prefill": "prefill CUDA graphs never call hooks",
+    "--cuda-graph-config": "prefill CUDA graphs never call hooks",
+    "--enable-dp-attention": "the hook supports tensor parallelism only",
+    "--pp-size": "the hook supports tensor parallelism only",
+    "--pipeline-parallel-size": "the hook supports tensor parallelism only",
+    "--attn-cp-size": "the hook supports tensor parallelism only",
+    "--enable-two-batch-overlap": "two-batch overlap skips the aux capture",
+    "--speculative-algorithm": "a draft model would own the aux capture",
+}
+
+
+def extra_args(
+    dump_dir: str, aux_layers: list[int] | None = None, max_pending: int = 4
+) -> list[str]:
+    """The arguments eagle3d adds to ``python -m sglang.launch_server``."""
+    from .sglang_hook import hook_spec
+
+    spec = hook_spec(os.path.abspath(dump_dir), aux_layers, max_pending)
+    return ["--forward-hooks", json.dumps([spec], separators=(",", ":")), *FIXED_ARGS]
+
+
+def conflicts(user_args: list[str]) -> list[str]:
+    """Human reasons for user arguments that cannot be combined with the capture."""
+    out = []
+    for a in user_args:
+        flag = a.split("=", 1)[0]
+        if flag in CONFLICTS:
+            out.append(f"{flag}: {CONFLICTS[flag]}")
+    return out
+
+
+def server_url(user_args: list[str]) -> str:
+    """``http://host:port`` the server will listen on (SGLang defaults 127.0.0.1:30000)."""
+    ns = argparse.ArgumentParser(add_help=False)
+    ns.add_argument("--host", default="127.0.0.1")
+    ns.add_argument("--port", type=int, default=30000)
+    known, _ = ns.parse_known_args(user_args)
+    host = "127.0.0.1" if known.host in ("0.0.0.0", "::", "") else known.host
+    return f"http://{host}:{known.port}"
+
+
+def command(
+    python: str, user_args: list[str], dump_dir: str, aux_layers: list[int] | None, max_pending: int
+) -> list[str]:
+    return [
+        python,
+        "-m",
+        "sglang.launch_server",
+        *user_args,
+        *extra_args(dump_dir, aux_layers, max_pending),
+    ]
+
+
+def _healthy(url: str, timeout: float = 2.0) -> bool:
+    """``GET /health``: with generation off in the server's environment, no request is created."""
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=timeout) as r:
+            return bool(r.status == 200)
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def supervise(
+    cmd: list[str],
+    env: dict[str, str],
+    url: str,
+    *,
+    ready_timeout: float = 3600.0,
+    poll: float = 2.0,
+) -> int:
+    """Run the server, forward SIGTERM/SIGINT/SIGHUP to it, log readiness; return its exit status."""
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    log.info("serve-sglang: started pid %d: %s", proc.pid, shlex.join(cmd))
+
+    def forward(signum: int, _frame: Any) -> None:
+        # the whole process group: SGLang's scheduler and detokenizer children too
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signum)
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    try:
+        start = time.monotonic()
+        ready = False
+        while proc.poll() is None:
+            if not ready and _healthy(url):
+                ready = True
+                log.info("serve-sglang: ready at %s after %.0f s", url, time.monotonic() - start)
+                _notify_ready(url)
+            elif not ready and time.monotonic() - start > ready_timeout:
+                log.error("serve-sglang: not ready after %.0f s; stopping it", ready_timeout)
+                forward(signal.SIGTERM, None)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=poll)
+        rc = proc.returncode
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        if proc.poll() is None:
+            forward(signal.SIGTERM, None)
+            proc.wait()
+    log.info("serve-sglang: server exited with status %d", rc)
+    return rc if rc >= 0 else 128 - rc
+
+
+def _notify_ready(url: str) -> None:
+    try:
+        from .notify import Notifier
+
+        Notifier.from_env().ready(f"SGLang with eagle3d capture ready at {url}")
+    except Exception:  # no systemd (or no notify support): nothing to tell
+        pass
+
+
+def _layers(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--aux-layers: want comma-separated ints, got {text!r}"
+        ) from None
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--aux-layers",
+        type=_layers,
+        default=None,
+        help="layer ids a,b,c (default: the model's EAGLE-3 default [2, L//2, L-3])",
+    )
+    p.add_argument(
+        "--dump-dir",
+        default="/dev/shm/eagle3d-dumps",
+        help="where the hook writes dumps (give the daemon the same --dump-dir)",
+    )
+    p.add_argument(
+        "--max-pending",
+        type=int,
+        default=4,
+        help="captured forwards queued for the writer before the forward waits",
+    )
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    user = list(args.sglang_args)
+    if user and user[0] == "--":
+        user = user[1:]
+    bad = conflicts(user)
+    if bad:
+        print("eagle3d serve-sglang: cannot combine with: " + "; ".join(bad), file=sys.stderr)
+        return 2
+    if not any(a.split("=", 1)[0] == "--model-path" for a in user):
+        print("eagle3d serve-sglang: give SGLang's --model-path after --", file=sys.stderr)
+        return 2
+    os.makedirs(args.dump_dir, exist_ok=True)
+    env = {**os.environ, **HEALTH_ENV, "PYTHONUNBUFFERED": "1"}
+    cmd = command(args.python, user, args.dump_dir, args.aux_layers, args.max_pending)
+    if args.dry_run:
+        print(" ".join(f"{k}={v}" for k, v in HEALTH_ENV.items()), shlex.join(cmd))
+        return 0
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    return supervise(cmd, env, server_url(user), ready_timeout=args.ready_timeout)
+
+
+def _cmd_args(args: argparse.Namespace) -> int:
+    extra = extra_args(args.dump_dir, args.aux_layers, args.max_pending)
+    if args.format == "json":
+        print(json.dumps({"args": extra, "env": HEALTH_ENV}))
+    else:
+        print(shlex.join(extra))
+        print(
+            "# and in the server's environment: "
+            + " ".join(f"{k}={v}" for k, v in HEALTH_ENV.items()),
+            file=sys.stderr,
+        )
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "serve-sglang",
+        help="start a stock SGLang server with the eagle3d capture hook, and supervise it",
+        description="eagle3d serve-sglang [--aux-layers a,b,c] [--dump-dir D] -- <sglang launch_server args>",
+    )
+    _common(p)
+    p.add_argument("--python", default=sys.executable, help="the Python that has sglang installed")
+    p.add_argument(
+        "--ready-timeout", type=float, default=3600.0, help="seconds to wait for /health"
+    )
+    p.add_argument("--dry-run", action="store_true", help="print the command line and exit")
+    p.add_argument("sglang_args", nargs=argparse.REMAINDER, help="-- then SGLang's own arguments")
+    p.set_defaults(func=_cmd_serve)
+    q = subparsers.add_parser(
+        "sglang-args",
+        help="print the SGLang arguments the capture needs (for your own launcher)",
+    )
+    _common(q)
+    q.add_argument("--format", choices=("shell", "json"), default="shell")
+    q.set_defaults(func=_cmd_args)
