@@ -7,9 +7,9 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
-
 from eagle3proto import events as ev
 from eagle3proto.codec import HEADER_SIZE, MAX_RECORD, SegmentHeader, Stop, encode_frame, scan
 from eagle3proto.journal import Follower, JournalError, JournalWriter, iter_events, list_segments
@@ -58,7 +58,7 @@ def test_truncation_at_every_byte_returns_whole_record_prefix(tmp_path):
     d = str(tmp_path / "j")
     write_journal(d, 12)
     seg = only_segment(d)
-    data = open(seg, "rb").read()
+    data = Path(seg).read_bytes()
     ends = frame_ends(data)
     assert len(ends) == 12
     for cut in range(HEADER_SIZE, len(data) + 1):
@@ -95,10 +95,10 @@ def test_zeroed_512_byte_block_in_the_middle_is_corruption(tmp_path):
         w.append(ev.SampleFailed(idx=i, error="X", message="m" * 300))
     w.close()
     seg = only_segment(d)
-    data = bytearray(open(seg, "rb").read())
+    data = bytearray(Path(seg).read_bytes())
     start = 4096
     data[start : start + 512] = bytes(512)
-    open(seg, "wb").write(data)
+    Path(seg).write_bytes(bytes(data))
     events, rep = iter_events(d)
     ends = frame_ends(bytes(data))
     assert 0 < len(events) < 40 and ends[len(events) - 1] <= start
@@ -115,10 +115,10 @@ def test_zeroed_sector_in_last_frame_is_torn(tmp_path):
     w.append(ev.SampleFailed(idx=1, error="X", message="m" * 2000))
     w.close()
     seg = only_segment(d)
-    data = bytearray(open(seg, "rb").read())
+    data = bytearray(Path(seg).read_bytes())
     last_start = frame_ends(bytes(data))[0]
     data[last_start + 600 : last_start + 1600] = bytes(1000)  # covers a whole 512-byte sector
-    open(seg, "wb").write(data)
+    Path(seg).write_bytes(bytes(data))
     events, rep = iter_events(d)
     assert len(events) == 1
     assert rep.problems[0].reason == "torn" and not rep.problems[0].fatal
@@ -128,7 +128,7 @@ def test_every_single_bit_flip_is_detected(tmp_path):
     d = str(tmp_path / "j")
     write_journal(d, 3)
     seg = only_segment(d)
-    data = open(seg, "rb").read()
+    data = Path(seg).read_bytes()
     ends = frame_ends(data)
     original, _ = iter_events(d)
     lo, hi = ends[0], ends[1]  # the second frame, header and payload
@@ -136,7 +136,7 @@ def test_every_single_bit_flip_is_detected(tmp_path):
         for bit in range(8):
             bad = bytearray(data)
             bad[byte] ^= 1 << bit
-            open(seg, "wb").write(bad)
+            Path(seg).write_bytes(bytes(bad))
             events, rep = iter_events(d)
             # Replay stops before the damaged frame and never yields a different record.
             assert len(events) == 1, (byte, bit)
@@ -221,7 +221,7 @@ def test_append_after_recovery_is_reachable(tmp_path):
     assert [e.seq for e in events] == list(range(8))
     rec = events[6]
     assert isinstance(rec, ev.Recovered) and rec.reason == "torn" and rec.dropped_bytes == 16
-    assert os.path.exists(rec.kept) and open(rec.kept, "rb").read() == torn
+    assert os.path.exists(rec.kept) and Path(rec.kept).read_bytes() == torn
     assert len(list_segments(d)) == 2  # a new segment at every open
 
 
@@ -229,10 +229,10 @@ def test_corruption_in_the_middle_repaired_and_reported(tmp_path):
     d = str(tmp_path / "j")
     write_journal(d, 10)
     seg = only_segment(d)
-    data = bytearray(open(seg, "rb").read())
+    data = bytearray(Path(seg).read_bytes())
     ends = frame_ends(bytes(data))
     data[ends[3] + 10] ^= 0xFF
-    open(seg, "wb").write(data)
+    Path(seg).write_bytes(bytes(data))
     w = JournalWriter(d, background=False)
     rep = w.open()
     assert rep.next_seq == 4 and rep.stopped_early

@@ -11,11 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
-
+from daemon_harness import ENV, conversations, events, run, start, wait_for_saved, write_jsonl
 from eagle3proto import events as ev
 from eagle3proto import paths
-
-from daemon_harness import ENV, conversations, events, run, start, wait_for_saved, write_jsonl
 
 BAD = {
     3: '{"messages": [{"role": "user", "content": "hi"}',  # bad JSON

@@ -76,7 +76,8 @@ def run_demo(
     elapsed = time.monotonic() - t0
     if code != 0:
         print(f"the daemon exited with {code}; its log: {log_path}", file=sys.stderr)
-        sys.stderr.write(open(log_path).read()[-3000:])
+        with open(log_path) as f:
+            sys.stderr.write(f.read()[-3000:])
         return code
     v = reducer.view(state, time.time())
     print(

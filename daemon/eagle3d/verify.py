@@ -140,35 +140,44 @@ def _check_tensors(path: str, rec: ev.SampleSaved) -> str | None:
     return None
 
 
+class _ShardFold:
+    """Folds one shard's journal into what verify needs."""
+
+    def __init__(self, sr: ShardReport, problems: list[str]) -> None:
+        self.sr = sr
+        self.problems = problems
+        self.saved: dict[int, ev.SampleSaved] = {}
+        self.failed: set[int] = set()
+
+    def sink(self, batch: list[ev.AnyEvent]) -> None:
+        for e in batch:
+            if isinstance(e, ev.SampleSaved):
+                if e.idx in self.saved:
+                    self.problems.append(f"sample {e.idx}: saved twice in {self.sr.shard}")
+                self.saved[e.idx] = e
+                self.failed.discard(e.idx)
+            elif isinstance(e, ev.SampleFailed) and not e.retry:
+                self.failed.add(e.idx)
+            elif isinstance(e, ev.RunStarted):
+                self.sr.total = e.total
+                self.sr.finished = False
+            elif isinstance(e, ev.RunFinished):
+                self.sr.finished = True
+
+
 def verify(output: str, *, quick: bool = False, jobs: int = 4) -> VerifyReport:
     """Verify an output directory (all shards)."""
     report = VerifyReport(os.path.abspath(output))
     saved: dict[int, ev.SampleSaved] = {}
     for shard, jdir in paths.shard_dirs(output):
         sr = ShardReport(shard.name)
-        failed: set[int] = set()
-        shard_saved: dict[int, ev.SampleSaved] = {}
-
-        def sink(batch: list[ev.AnyEvent], sr: ShardReport = sr) -> None:
-            for e in batch:
-                if isinstance(e, ev.SampleSaved):
-                    if e.idx in shard_saved:
-                        report.problems.append(f"sample {e.idx}: saved twice in {sr.shard}")
-                    shard_saved[e.idx] = e
-                    failed.discard(e.idx)
-                elif isinstance(e, ev.SampleFailed) and not e.retry:
-                    failed.add(e.idx)
-                elif isinstance(e, ev.RunStarted):
-                    sr.total = e.total
-                    sr.finished = False
-                elif isinstance(e, ev.RunFinished):
-                    sr.finished = True
-
-        rep = replay(jdir, sink)
+        fold = _ShardFold(sr, report.problems)
+        rep = replay(jdir, fold.sink)
         sr.journal_problems = [p.describe() for p in rep.problems]
         sr.journal_fatal = rep.stopped_early
         if rep.stopped_early:
             report.problems.extend(f"{shard.name} journal: {p}" for p in sr.journal_problems)
+        shard_saved, failed = fold.saved, fold.failed
         for idx in shard_saved:
             if not shard.owns(idx):
                 report.problems.append(
