@@ -1,0 +1,385 @@
+"""The SGLang producer: an HTTP client of a stock SGLang server running the eagle3d capture hook.
+
+Each request is ``POST /generate`` with the token ids, one greedy output token, and the SGLang
+rid ``e3d.<send>.<T>.<digest>.<rid>`` (:func:`eagle3d.sglang_hook.sglang_rid`); the hook in the
+server writes the dump named ``<rid>``, which the daemon picks up from the dump directory. The
+HTTP answer only tells failures apart:
+
+* the server is unreachable (refused, reset, 502/503/504): the producer reports
+  ``producer_state("down")`` once and keeps resending with exponential back-off, without
+  failing the sample; ``"up"`` when the server answers again;
+* the sample is bad (HTTP 400/413/422, e.g. longer than the context): ``request_failed(...,
+  retryable=False)``;
+* other errors (500, an aborted request, a prefix-cache hit, a timeout): ``request_failed(...,
+  retryable=True)``; the daemon decides how many attempts a sample gets.
+
+A poller reads ``/server_info`` (``/get_server_info`` on servers without it) and ``/metrics``
+into :meth:`health` ``detail``: prompt tokens total and rate, running and queued requests.
+``transport`` is the test seam (``httpx.MockTransport``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import re
+import time
+from typing import Any
+
+import httpx
+from eagle3proto.events import ProducerHealth
+
+from ..sglang_hook import FACTORY, sglang_rid
+from .base import Producer, ProducerEvents, Request
+
+log = logging.getLogger("eagle3d.producers.sglang")
+
+BAD_SAMPLE = (400, 413, 422)
+SERVER_DOWN = (502, 503, 504)
+METRICS = {
+    "sglang:prompt_tokens_total": "prompt_tokens_total",
+    "sglang:generation_tokens_total": "generation_tokens_total",
+    "sglang:cached_tokens_total": "cached_tokens_total",
+    "sglang:num_running_reqs": "num_running_reqs",
+    "sglang:num_queue_reqs": "num_queue_reqs",
+}
+
+
+class ServerUnfit(RuntimeError):
+    """The server runs without the capture hook, or writes dumps somewhere else."""
+
+
+_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{[^}]*\})?\s+(\S+)")
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Sum the samples of the metrics we read over all their label sets (TP/DP ranks)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        key = METRICS.get(m.group(1)) if m else None
+        if m is None or key is None:
+            continue
+        try:
+            out[key] = out.get(key, 0.0) + float(m.group(2))
+        except ValueError:
+            continue
+    return out
+
+
+def rate(prev: tuple[float, float] | None, value: float, now: float) -> float | None:
+    """Per-second rate of a counter between two samples (None across a reset or no interval)."""
+    if prev is None:
+        return None
+    t0, v0 = prev
+    if now <= t0 or value < v0:  # a restarted server starts its counters from zero
+        return None
+    return (value - v0) / (now - t0)
+
+
+def check_server_info(info: dict[str, Any], dump_dir: str, aux_layers: list[int] | None) -> str:
+    """Raise :class:`ServerUnfit` unless the server runs our hook into ``dump_dir``; return its version."""
+    hooks = info.get("forward_hooks") or []
+    ours = [h for h in hooks if isinstance(h, dict) and h.get("hook_factory") == FACTORY]
+    if not ours:
+        raise ServerUnfit(
+            "the SGLang server runs without the eagle3d capture hook (no forward_hooks entry "
+            f"with hook_factory {FACTORY}); start it with `eagle3d serve-sglang` or add "
+            "`eagle3d sglang-args` to its arguments"
+        )
+    cfg = ours[0].get("config") or {}
+    theirs = os.path.realpath(str(cfg.get("dump_dir", "")))
+    if theirs != os.path.realpath(dump_dir):
+        raise ServerUnfit(
+            f"the server's hook writes dumps to {theirs}; run the daemon with --dump-dir {theirs}"
+        )
+    if (
+        aux_layers is not None
+        and cfg.get("aux_layers") is not None
+        and list(cfg["aux_layers"]) != list(aux_layers)
+    ):
+        raise ServerUnfit(
+            f"the server captures aux layers {cfg['aux_layers']}, this job wants {aux_layers}"
+        )
+    if info.get("disable_radix_cache") is False:
+        log.warning(
+            "the server runs with the radix cache on: prefix-cache hits are refused and retried"
+        )
+    return str(info.get("version", "?"))
+
+
+class SGLangProducer(Producer):
+    name = "sglang"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        dump_dir: str,
+        aux_layers: list[int] | None,
+        concurrency: int = 32,
+        request_timeout: float = 600.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+        start_timeout: float = 300.0,
+        poll_interval: float = 2.0,
+        backoff: tuple[float, float] = (0.5, 15.0),
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.dump_dir = dump_dir
+        self.aux_layers = aux_layers
+        self.concurrency = max(1, concurrency)
+        self.request_timeout = request_timeout
+        self.transport = transport
+        self.start_timeout = start_timeout
+        self.poll_interval = poll_interval
+        self.backoff = backoff
+        self.events: ProducerEvents | None = None
+        self.client: httpx.AsyncClient | None = None
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.sem = asyncio.Semaphore(self.concurrency)
+        self.up = False
+        self.restarts = 0
+        self.latency_s = 0.0
+        self.detail: dict[str, float | str] = {}
+        self._prompt_prev: tuple[float, float] | None = None
+        self._poller: asyncio.Task[None] | None = None
+        self._last_progress = time.monotonic()
+        self._info_path = "/server_info"
+        self._went_down = False
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self, events: ProducerEvents) -> None:
+        self.events = events
+        limits = httpx.Limits(
+            max_connections=self.concurrency + 4, max_keepalive_connections=self.concurrency + 4
+        )
+        self.client = httpx.AsyncClient(
+            base_url=self.url,
+            transport=self.transport,
+            timeout=httpx.Timeout(self.request_timeout, connect=10.0),
+            limits=limits,
+        )
+        deadline = time.monotonic() + self.start_timeout
+        while True:
+            try:
+                info = await self._server_info()
+                break
+            except (httpx.TransportError, httpx.HTTPStatusError) as e:
+                if time.monotonic() > deadline:
+                    await self.client.aclose()
+                    raise ConnectionError(f"SGLang server at {self.url} not reachable: {e}") from e
+                await asyncio.sleep(1.0)
+        try:
+            version = check_server_info(info, self.dump_dir, self.aux_layers)
+        except ServerUnfit:
+            await self.client.aclose()
+            raise
+        self.detail["server_version"] = version
+        self._set_up(True, f"SGLang {version} at {self.url}")
+        self._poller = asyncio.create_task(self._poll())
+
+    async def stop(self) -> None:
+        for t in list(self.tasks.values()):
+            t.cancel()
+        if self._poller is not None:
+            self._poller.cancel()
+        await asyncio.gather(
+            *self.tasks.values(), *([self._poller] if self._poller else []), return_exceptions=True
+        )
+        self.tasks.clear()
+        if self.client is not None:
+            await self.client.aclose()
+
+    # -- requests --------------------------------------------------------------------------------
+
+    def window(self) -> int:
+        return self.concurrency
+
+    def submit(self, request: Request) -> None:
+        self.tasks[request.rid] = asyncio.create_task(self._run(request))
+
+    def cancel(self, rid: str) -> None:
+        t = self.tasks.pop(rid, None)
+        if t is not None:
+            t.cancel()
+
+    def is_stuck(self, now: float) -> bool:
+        # Down is not stuck: the server is being waited for, visibly (producer_state).
+        return bool(self.tasks) and self.up and now - self._last_progress > self.request_timeout
+
+    async def _run(self, req: Request) -> None:
+        try:
+            async with self.sem:
+                await self._send(req)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # a bug here must not strand the sample
+            log.exception("sglang producer: request %s", req.rid)
+            self._failed(req.rid, type(e).__name__, str(e), True)
+        finally:
+            self.tasks.pop(req.rid, None)
+
+    async def _send(self, req: Request) -> None:
+        assert self.client is not None
+        send = 0
+        delay = self.backoff[0]
+        while True:
+            send += 1
+            body = {
+                "input_ids": req.input_ids,
+                "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+                "rid": sglang_rid(req.rid, req.input_ids, send),
+                # a key of its own: even with the radix cache on, no prefix can be shared
+                "extra_key": f"eagle3d-{req.rid}-{send}",
+            }
+            t0 = time.monotonic()
+            try:
+                r = await self.client.post("/generate", json=body)
+            except (httpx.ReadTimeout, httpx.WriteTimeout) as e:
+                self._failed(
+                    req.rid,
+                    "Timeout",
+                    f"/generate gave no answer within {self.request_timeout:.0f} s ({type(e).__name__})",
+                    True,
+                )
+                return
+            except httpx.TransportError as e:
+                self._set_up(False, f"{self.url} unreachable: {type(e).__name__}: {e}")
+                await asyncio.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, self.backoff[1])
+                continue
+            if r.status_code in SERVER_DOWN:
+                self._set_up(False, f"{self.url} answers HTTP {r.status_code}")
+                await asyncio.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, self.backoff[1])
+                continue
+            self._set_up(True, f"{self.url} answers again")
+            self.latency_s = (
+                0.8 * self.latency_s + 0.2 * (time.monotonic() - t0)
+                if self.latency_s
+                else time.monotonic() - t0
+            )
+            self._last_progress = time.monotonic()
+            self._judge(req, r)
+            return
+
+    def _judge(self, req: Request, r: httpx.Response) -> None:
+        if r.status_code in BAD_SAMPLE:
+            self._failed(req.rid, f"HTTP{r.status_code}", _error_text(r), False)
+            return
+        if r.status_code != 200:
+            self._failed(req.rid, f"HTTP{r.status_code}", _error_text(r), True)
+            return
+        try:
+            out = r.json()
+            meta = (out[0] if isinstance(out, list) else out).get("meta_info", {})
+        except (ValueError, AttributeError, IndexError):
+            self._failed(req.rid, "BadResponse", r.text[:200], True)
+            return
+        finish = meta.get("finish_reason") or {}
+        if isinstance(finish, dict) and finish.get("type") == "abort":
+            self._failed(
+                req.rid, "Aborted", str(finish.get("message", "aborted by the server")), True
+            )
+        elif int(meta.get("cached_tokens") or 0) > 0:
+            self._failed(
+                req.rid,
+                "PrefixCacheHit",
+                f"{meta['cached_tokens']} tokens came from the prefix cache; start SGLang with --disable-radix-cache",
+                True,
+            )
+        elif meta.get("prompt_tokens") is not None and int(meta["prompt_tokens"]) != len(
+            req.input_ids
+        ):
+            self._failed(
+                req.rid,
+                "LengthMismatch",
+                f"server ran {meta['prompt_tokens']} tokens, sent {len(req.input_ids)}",
+                False,
+            )
+        # else: success; the dump is (or will shortly be) in the dump directory
+
+    def _failed(self, rid: str, error: str, message: str, retryable: bool) -> None:
+        if self.events is not None:
+            self.events.request_failed(rid, error, message, retryable)
+
+    def _set_up(self, up: bool, message: str) -> None:
+        if up == self.up:
+            return
+        if up and self._went_down:
+            self.restarts += 1  # came back after being down
+        self._went_down = self._went_down or not up
+        self.up = up
+        if self.events is not None:
+            self.events.producer_state("up" if up else "down", message)
+
+    # -- health ----------------------------------------------------------------------------------
+
+    def health(self) -> ProducerHealth:
+        return ProducerHealth(
+            name=self.name,
+            up=self.up,
+            latency_s=self.latency_s,
+            restarts=self.restarts,
+            detail=dict(self.detail),
+        )
+
+    async def _server_info(self) -> dict[str, Any]:
+        assert self.client is not None
+        r = await self.client.get(self._info_path, timeout=10.0)
+        if r.status_code == 404 and self._info_path == "/server_info":
+            self._info_path = "/get_server_info"  # older servers
+            r = await self.client.get(self._info_path, timeout=10.0)
+        r.raise_for_status()
+        info = r.json()
+        if not isinstance(info, dict):
+            raise httpx.HTTPStatusError(
+                "server_info is not an object", request=r.request, response=r
+            )
+        return info
+
+    async def _poll(self) -> None:
+        assert self.client is not None
+        while True:
+            await asyncio.sleep(self.poll_interval)
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                await self.poll_once(time.monotonic())
+
+    async def poll_once(self, now: float) -> None:
+        """One read of /server_info and /metrics into ``detail`` (``now``: monotonic seconds)."""
+        assert self.client is not None
+        try:
+            info = await self._server_info()
+        except httpx.TransportError as e:
+            self._set_up(False, f"{self.url} unreachable: {type(e).__name__}")
+            raise
+        self._set_up(True, f"{self.url} answers again")
+        self.detail["server_version"] = str(info.get("version", "?"))
+        self.detail["server_at"] = time.time()
+        r = await self.client.get("/metrics", timeout=10.0)
+        if r.status_code != 200:
+            self.detail["metrics"] = f"HTTP {r.status_code} (start SGLang with --enable-metrics)"
+            return
+        values = parse_metrics(r.text)
+        self.detail.update(values)
+        self.detail["metrics_at"] = time.time()
+        total = values.get("prompt_tokens_total")
+        if total is not None:
+            per_s = rate(self._prompt_prev, total, now)
+            if per_s is not None:
+                self.detail["prompt_tokens_s"] = per_s
+            self._prompt_prev = (now, total)
+
+
+def _error_text(r: httpx.Response) -> str:
+    try:
+        body = r.json()
+        err = body.get("error", body) if isinstance(body, dict) else body
+        msg = err.get("message", err) if isinstance(err, dict) else err
+        return str(msg)[:300]
+    except ValueError:
+        return r.text[:300]

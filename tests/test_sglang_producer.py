@@ -1,0 +1,297 @@
+"""SGLangProducer against an httpx.MockTransport double of SGLang's HTTP API.
+
+The real HTTP path (a server process, restarts, the full daemon) is tests/test_sglang_integration.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from eagle3d.producers.base import Request
+from eagle3d.producers.sglang import ServerUnfit, SGLangProducer, parse_metrics, rate
+from eagle3d.sglang_hook import FACTORY, hook_spec, parse_sglang_rid
+
+
+class Events:
+    def __init__(self) -> None:
+        self.failed: list[tuple[str, str, bool]] = []
+        self.states: list[str] = []
+
+    def request_failed(self, rid: str, error: str, message: str, retryable: bool) -> None:
+        self.failed.append((rid, error, retryable))
+
+    def producer_state(self, state: str, message: str = "") -> None:
+        self.states.append(state)
+
+
+def info(dump_dir: str, aux: list[int] | None = None, **kw: Any) -> dict[str, Any]:
+    return {
+        "version": "0.5.21",
+        "forward_hooks": [hook_spec(dump_dir, aux)],
+        "disable_radix_cache": True,
+        **kw,
+    }
+
+
+def ok(req: httpx.Request, cached: int = 0) -> httpx.Response:
+    body = json.loads(req.content)
+    meta = {
+        "id": body["rid"],
+        "prompt_tokens": len(body["input_ids"]),
+        "cached_tokens": cached,
+        "finish_reason": {"type": "length", "length": 1},
+    }
+    return httpx.Response(200, json={"text": "x", "meta_info": meta})
+
+
+class Server:
+    """A scripted SGLang: ``generate`` decides each /generate answer."""
+
+    def __init__(
+        self,
+        dump_dir: str,
+        generate: Any = ok,
+        server_info: dict[str, Any] | None = None,
+        metrics: str = "",
+    ) -> None:
+        self.info = server_info if server_info is not None else info(dump_dir)
+        self.generate = generate
+        self.metrics = metrics
+        self.bodies: list[dict[str, Any]] = []
+        self.paths: list[str] = []
+
+    async def __call__(self, req: httpx.Request) -> httpx.Response:
+        self.paths.append(req.url.path)
+        if req.url.path == "/server_info":
+            return httpx.Response(200, json=self.info)
+        if req.url.path == "/metrics":
+            return httpx.Response(200, text=self.metrics)
+        if req.url.path == "/generate":
+            self.bodies.append(json.loads(req.content))
+            r = self.generate(req)
+            return await r if asyncio.iscoroutine(r) else r
+        return httpx.Response(404)
+
+
+async def started(server: Server, dump_dir: str, **kw: Any) -> tuple[SGLangProducer, Events]:
+    p = SGLangProducer(
+        "http://sglang.test",
+        dump_dir=dump_dir,
+        aux_layers=kw.pop("aux_layers", None),
+        transport=httpx.MockTransport(server),
+        backoff=(0.01, 0.05),
+        **kw,
+    )
+    ev = Events()
+    await p.start(ev)
+    return p, ev
+
+
+async def settle(p: SGLangProducer) -> None:
+    while p.tasks:
+        await asyncio.sleep(0.01)
+
+
+def req(rid: str = "s1-a1", ids: list[int] | None = None) -> Request:
+    return Request(rid=rid, idx=1, input_ids=ids or [5, 6, 7])
+
+
+async def test_generate_body_carries_ids_one_token_and_the_tied_rid(tmp_path: Path) -> None:
+    srv = Server(str(tmp_path))
+    p, ev = await started(srv, str(tmp_path))
+    assert ev.states == ["up"] and p.window() == 32
+    p.submit(req("s9-a2", [1, 2, 3, 4]))
+    await settle(p)
+    (body,) = srv.bodies
+    assert body["input_ids"] == [1, 2, 3, 4]
+    assert body["sampling_params"] == {"max_new_tokens": 1, "temperature": 0.0}
+    tag = parse_sglang_rid(body["rid"])
+    assert tag is not None and tag.rid == "s9-a2" and tag.length == 4 and tag.send == 1
+    assert body["extra_key"] and ev.failed == []
+    await p.stop()
+
+
+@pytest.mark.parametrize(
+    "status, error, retryable",
+    [
+        (400, "HTTP400", False),
+        (422, "HTTP422", False),
+        (500, "HTTP500", True),
+        (429, "HTTP429", True),
+    ],
+)
+async def test_http_errors_tell_bad_samples_from_retryable_ones(
+    tmp_path: Path, status: int, error: str, retryable: bool
+) -> None:
+    srv = Server(
+        str(tmp_path), generate=lambda r: httpx.Response(status, json={"error": {"message": "no"}})
+    )
+    p, ev = await started(srv, str(tmp_path))
+    p.submit(req())
+    await settle(p)
+    assert ev.failed == [("s1-a1", error, retryable)] and ev.states == ["up"]
+    await p.stop()
+
+
+async def test_prefix_cache_hit_and_abort_are_retryable_failures(tmp_path: Path) -> None:
+    def gen(r: httpx.Request) -> httpx.Response:
+        if json.loads(r.content)["input_ids"][0] == 1:
+            return ok(r, cached=2)
+        return httpx.Response(
+            200, json={"meta_info": {"finish_reason": {"type": "abort", "message": "x"}}}
+        )
+
+    p, ev = await started(Server(str(tmp_path), generate=gen), str(tmp_path))
+    p.submit(req("a", [1, 2, 3]))
+    p.submit(req("b", [2, 3]))
+    await settle(p)
+    assert sorted(ev.failed) == [("a", "PrefixCacheHit", True), ("b", "Aborted", True)]
+    await p.stop()
+
+
+async def test_dead_server_is_down_and_retried_without_failing_the_sample(tmp_path: Path) -> None:
+    answers = iter(["refuse", "refuse", 503, "ok"])
+
+    def gen(r: httpx.Request) -> httpx.Response:
+        a = next(answers)
+        if a == "refuse":
+            raise httpx.ConnectError("connection refused", request=r)
+        return httpx.Response(a) if isinstance(a, int) else ok(r)
+
+    srv = Server(str(tmp_path), generate=gen)
+    p, ev = await started(srv, str(tmp_path))
+    p.submit(req())
+    await settle(p)
+    assert ev.failed == [] and ev.states == ["up", "down", "up"]
+    assert [parse_sglang_rid(b["rid"]).send for b in srv.bodies] == [1, 2, 3, 4]  # type: ignore[union-attr]
+    assert p.health().restarts == 1 and p.health().up
+    await p.stop()
+
+
+async def test_read_timeout_is_a_retryable_failure(tmp_path: Path) -> None:
+    def gen(r: httpx.Request) -> httpx.Response:
+        raise httpx.ReadTimeout("slow", request=r)
+
+    p, ev = await started(Server(str(tmp_path), generate=gen), str(tmp_path))
+    p.submit(req())
+    await settle(p)
+    assert ev.failed == [("s1-a1", "Timeout", True)] and ev.states == ["up"]
+    await p.stop()
+
+
+async def test_window_bounds_requests_in_flight_and_cancel_stops_one(tmp_path: Path) -> None:
+    release = asyncio.Event()
+    inside = 0
+    peak = 0
+
+    async def gen(r: httpx.Request) -> httpx.Response:
+        nonlocal inside, peak
+        inside += 1
+        peak = max(peak, inside)
+        await release.wait()
+        inside -= 1
+        return ok(r)
+
+    srv = Server(str(tmp_path), generate=gen)
+    p, ev = await started(srv, str(tmp_path), concurrency=3)
+    for k in range(10):
+        p.submit(req(f"r{k}"))
+    await asyncio.sleep(0.1)
+    assert peak == 3 and p.window() == 3
+    p.cancel("r9")
+    release.set()
+    await settle(p)
+    assert peak == 3 and len(srv.bodies) == 9 and ev.failed == []
+    await p.stop()
+
+
+async def test_start_refuses_a_server_without_the_hook_or_with_another_dump_dir(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(ServerUnfit, match="without the eagle3d capture hook"):
+        await started(
+            Server(str(tmp_path), server_info={"version": "0.5.21", "forward_hooks": None}),
+            str(tmp_path),
+        )
+    with pytest.raises(ServerUnfit, match="--dump-dir /elsewhere"):
+        await started(Server(str(tmp_path), server_info=info("/elsewhere")), str(tmp_path))
+    with pytest.raises(ServerUnfit, match=r"aux layers \[1, 2\]"):
+        await started(
+            Server(str(tmp_path), server_info=info(str(tmp_path), [1, 2])),
+            str(tmp_path),
+            aux_layers=[2, 3],
+        )
+
+
+async def test_start_falls_back_to_get_server_info_and_waits_for_the_server(tmp_path: Path) -> None:
+    calls = 0
+
+    def handler(r: httpx.Request) -> httpx.Response:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise httpx.ConnectError("not yet", request=r)
+        if r.url.path == "/get_server_info":
+            return httpx.Response(200, json=info(str(tmp_path)))
+        return httpx.Response(404)
+
+    p = SGLangProducer(
+        "http://x", dump_dir=str(tmp_path), aux_layers=None, transport=httpx.MockTransport(handler)
+    )
+    ev = Events()
+    await p.start(ev)
+    assert ev.states == ["up"] and p._info_path == "/get_server_info"
+    await p.stop()
+    with pytest.raises(ConnectionError, match="not reachable"):
+        q = SGLangProducer(
+            "http://x",
+            dump_dir=str(tmp_path),
+            aux_layers=None,
+            start_timeout=0.0,
+            transport=httpx.MockTransport(
+                lambda r: (_ for _ in ()).throw(httpx.ConnectError("no", request=r))
+            ),
+        )
+        await q.start(Events())
+
+
+METRICS_TEXT = """# HELP sglang:prompt_tokens_total Number of prefill tokens processed.
+# TYPE sglang:prompt_tokens_total counter
+sglang:prompt_tokens_total{model_name="m",tp_rank="0"} %s
+sglang:prompt_tokens_total{model_name="m",tp_rank="1"} 0.0
+sglang:prompt_tokens_created{model_name="m"} 1.7e9
+sglang:num_running_reqs{model_name="m"} 7.0
+sglang:num_queue_reqs{model_name="m"} 2.0
+sglang:gen_throughput{model_name="m"} 0.5
+"""
+
+
+async def test_poll_reads_server_info_and_metrics_into_health(tmp_path: Path) -> None:
+    srv = Server(str(tmp_path), metrics=METRICS_TEXT % "1000.0")
+    p, _ = await started(srv, str(tmp_path))
+    await p.poll_once(now=100.0)
+    srv.metrics = METRICS_TEXT % "5000.0"
+    await p.poll_once(now=102.0)
+    d = p.health().detail
+    assert d["prompt_tokens_total"] == 5000.0 and d["prompt_tokens_s"] == 2000.0
+    assert (
+        d["num_running_reqs"] == 7.0
+        and d["num_queue_reqs"] == 2.0
+        and d["server_version"] == "0.5.21"
+    )
+    assert "/generate" not in srv.paths  # health reads never create requests
+    await p.stop()
+
+
+def test_parse_metrics_and_rate() -> None:
+    m = parse_metrics(METRICS_TEXT % "12.5")
+    assert m == {"prompt_tokens_total": 12.5, "num_running_reqs": 7.0, "num_queue_reqs": 2.0}
+    assert rate(None, 5, 1.0) is None
+    assert rate((1.0, 10.0), 30.0, 3.0) == 10.0
+    assert rate((1.0, 10.0), 3.0, 3.0) is None  # counter reset: a restarted server
+    assert FACTORY == "eagle3d.sglang_hook:make_hook"
