@@ -19,6 +19,7 @@ import socket
 import sys
 
 from eagle3d.server import EventServer
+from eagle3d.telemetry import Telemetry
 from eagle3proto import events as ev
 from eagle3proto import paths, reducer
 from eagle3proto.journal import JournalWriter
@@ -37,6 +38,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--stop-after", type=int, default=-1, help="exit hard after N samples")
     p.add_argument("--linger", type=float, default=3600.0, help="seconds to stay up after")
     p.add_argument("--no-server", action="store_true")
+    p.add_argument("--dump-dir", action="store_true", help="report a dump area too")
     return p.parse_args(argv)
 
 
@@ -86,6 +88,7 @@ async def run(a: argparse.Namespace) -> int:
             socket=sock_path if server else "",
         )
     )
+    telemetry = Telemetry(output, os.path.join(output, "dumps") if a.dump_dir else None)
     print(f"ready {sock_path}", flush=True)
     per_sample = 3
     delay = per_sample / a.rate if a.rate > 0 else 0.0
@@ -109,7 +112,8 @@ async def run(a: argparse.Namespace) -> int:
         idx += shard.count
         now = loop.time()
         if now >= next_stats:
-            writer.append(ev.Stats(disk=[_disk(output)], cpu_percent=1.0, inflight=1))
+            health = ev.ProducerHealth(name="fake", up=True, latency_s=0.01)
+            writer.append(telemetry.sample(producer_health=health, inflight=1))
             next_stats = now + 1.0
         target = start + done * delay
         if target > now:
@@ -128,15 +132,6 @@ async def run(a: argparse.Namespace) -> int:
         await server.close()
     writer.close()
     return 0
-
-
-def _disk(output: str) -> ev.DiskUsage:
-    st = os.statvfs(output)
-    total = st.f_blocks * st.f_frsize
-    free = st.f_bavail * st.f_frsize
-    return ev.DiskUsage(
-        label="output", path=output, total_bytes=total, used_bytes=total - free, free_bytes=free
-    )
 
 
 if __name__ == "__main__":

@@ -1,0 +1,222 @@
+"""Asyncio feeds that keep each :class:`~eagle3top.model.Row` up to date for the TUI.
+
+* :class:`LocalFeed` - the daemon's socket; while it is unreachable, the journal followed
+  live, with the socket retried on a capped back-off.
+* :class:`StreamFeed` - a remote host through ``ssh HOST eagle3-top --stream``, restarted
+  on a capped back-off when it ends.
+
+Both speak the same protocol through :meth:`Feed._session`. Time for display comes from the
+injected wall clock; back-off sleeps use the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+
+import msgspec
+from eagle3proto import events as ev
+from eagle3proto import reducer, wire
+from eagle3proto.journal import Follower, list_segments
+
+from .model import Row
+from .sources import SourceInfo, Target, decode, lock_held, read_journal
+
+BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 15.0)
+
+
+def backoff(attempts: int) -> float:
+    """Delay before reconnect attempt number ``attempts`` (1-based), capped."""
+    return BACKOFF_S[min(max(attempts, 1), len(BACKOFF_S)) - 1]
+
+
+class Feed:
+    """Base: one row, a wall clock, and a way to cut a back-off short (``r``)."""
+
+    def __init__(self, row: Row, clock: Callable[[], float], alias: str = "") -> None:
+        self.row = row
+        self.clock = clock
+        self.alias = alias  # a remote host as the user named it: prefixes the row label
+        self._kick = asyncio.Event()
+        self.records = 0  # records folded, for benchmarks
+
+    def reconnect(self) -> None:
+        self._kick.set()
+
+    async def _sleep(self, delay: float) -> bool:
+        """Sleep ``delay`` or until :meth:`reconnect`; True if woken by it."""
+        self._kick.clear()
+        try:
+            await asyncio.wait_for(self._kick.wait(), delay)
+        except TimeoutError:
+            return False
+        return True
+
+    async def run(self) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    async def _session(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter | None
+    ) -> bool:
+        """Speak the protocol until the peer goes away. True if a snapshot arrived."""
+        row = self.row
+        frames = wire.FrameBuffer()
+        got_snapshot = False
+        try:
+            while True:
+                data = await reader.read(1 << 16)
+                if not data:
+                    row.error = row.error or "connection closed"
+                    return got_snapshot
+                payloads = frames.feed(data)
+                if not payloads:
+                    continue
+                row.last_msg = self.clock()
+                try:
+                    msgs: list[object] = list(ev.decode_many(payloads))  # the common case
+                except msgspec.MsgspecError:
+                    msgs = [decode(p) for p in payloads]
+                for i, m in enumerate(msgs):
+                    if isinstance(m, ev.Unknown):  # control messages are not events
+                        msgs[i] = decode(payloads[i])
+                for m in msgs:
+                    if isinstance(m, ev.Event | ev.Unknown):
+                        s = row.state
+                        if s is None or m.seq <= s.seq:
+                            continue
+                        reducer.apply(s, m)
+                        self.records += 1
+                    elif isinstance(m, wire.Snapshot):
+                        got_snapshot = True
+                        row.state = m.state
+                        row.host = m.host or row.host
+                        row.output = m.output or row.output
+                        row.shard = f"shard-{m.shard_index}-of-{m.shard_count}"
+                        if self.alias:
+                            row.label = f"{self.alias} {row.shard}"
+                        row.error = ""
+                        row.attempts = 0
+                        row.retry_at = None
+                        if row.source in ("", "socket", "journal"):
+                            row.source, row.conn, row.alive = "socket", "live", True
+                    elif isinstance(m, SourceInfo):
+                        row.source = f"ssh/{m.mode}"
+                        row.alive = m.alive
+                        row.conn = "live" if m.mode == "socket" else "journal"
+                    elif isinstance(m, wire.Bye):
+                        row.error = f"daemon said bye: {m.reason}"
+                        return got_snapshot
+                    elif isinstance(m, wire.Error):
+                        row.error = f"refused: {m.message}"
+                        return got_snapshot
+        except wire.ProtocolError as e:
+            row.error = f"protocol error: {e}"
+            return got_snapshot
+        except (ConnectionError, OSError) as e:
+            row.error = str(e)
+            return got_snapshot
+        finally:
+            if writer is not None:
+                writer.close()
+
+
+class LocalFeed(Feed):
+    """Socket first; the journal while the socket is unreachable."""
+
+    def __init__(self, target: Target, clock: Callable[[], float], interval: float = 1.0) -> None:
+        super().__init__(Row(label=target.label, output=target.output, shard=target.label), clock)
+        self.target = target
+        self.interval = interval
+        self._jstate: reducer.ShardState | None = None
+        self._follower: Follower | None = None
+
+    async def run(self) -> None:
+        row = self.row
+        while True:
+            row.conn = "connecting" if row.state is None else row.conn
+            if await self._try_socket():
+                continue  # it was up: try again at once (a restart is quick)
+            row.attempts += 1
+            delay = backoff(row.attempts)
+            row.retry_at = self.clock() + delay
+            await self._follow_journal(delay)
+
+    async def _try_socket(self) -> bool:
+        for path in self.target.socket_candidates():
+            try:
+                reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(path), 2.0)
+            except (OSError, TimeoutError) as e:
+                self.row.error = f"socket {path}: {getattr(e, 'strerror', None) or e}"
+                continue
+            writer.write(wire.encode(wire.Hello(client="eagle3-top")))
+            self.row.source = "socket"
+            got = await self._session(reader, writer)
+            if self.row.source == "socket":
+                self.row.conn = "disconnected"
+            return got
+        return False
+
+    async def _follow_journal(self, seconds: float) -> None:
+        row, t = self.row, self.target
+        loop = asyncio.get_running_loop()
+        end = loop.time() + seconds
+        while True:
+            if t.jdir and list_segments(t.jdir):
+                if self._follower is None:
+                    self._jstate, self._follower = await asyncio.to_thread(read_journal, t.jdir)
+                else:
+                    new = await asyncio.to_thread(self._follower.poll)
+                    reducer.apply_all(self._jstate, new)
+                    self.records += len(new)
+                row.state = self._jstate
+                row.source, row.conn = "journal", "journal"
+                row.alive = lock_held(t.lock) if t.lock else None
+            else:
+                row.conn = "disconnected"
+            left = end - loop.time()
+            if left <= 0 or await self._sleep(min(self.interval, left)):
+                return
+
+
+class StreamFeed(Feed):
+    """A remote shard through the ``--stream`` relay run by ssh."""
+
+    def __init__(self, host: str, argv: list[str], clock: Callable[[], float]) -> None:
+        super().__init__(Row(label=host, host=host, source="ssh"), clock, alias=host)
+        self.argv = argv
+
+    async def run(self) -> None:
+        row = self.row
+        while True:
+            got = False
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    *self.argv,
+                    stdin=asyncio.subprocess.PIPE,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.PIPE,
+                )
+            except OSError as e:
+                row.error = f"cannot run ssh: {e}"
+            else:
+                assert proc.stdin is not None and proc.stdout is not None
+                proc.stdin.write(wire.encode(wire.Hello(client="eagle3-top")))
+                got = await self._session(proc.stdout, None)
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                err = b""
+                with contextlib.suppress(Exception):
+                    assert proc.stderr is not None
+                    err = await asyncio.wait_for(proc.stderr.read(), 1.0)
+                await proc.wait()
+                lines = err.decode(errors="replace").strip().splitlines()
+                if lines and not got:
+                    row.error = f"ssh: {lines[-1]}"
+            if got:
+                row.attempts = 0
+            row.attempts += 1
+            row.conn = "disconnected"
+            delay = backoff(row.attempts)
+            row.retry_at = self.clock() + delay
+            await self._sleep(delay)
