@@ -355,3 +355,19 @@ def test_constructor_checks(tiny_model_dir: Path) -> None:
     tok.chat_template = None
     with pytest.raises(ValueError, match="chat template"):
         ChatEncoder(tok)
+
+
+def test_leading_assistant_turn_with_a_template_that_needs_a_first_message(
+    tiny_model_dir: Path,
+) -> None:
+    # ChatML with a default system prompt reads messages[0], so the empty conversation
+    # (the prompt of a leading assistant turn) cannot be rendered.
+    enc = encoder(tiny_model_dir, "chatml")
+    with pytest.raises(Exception, match="no element 0"):
+        enc.render([], add_generation_prompt=True)
+    c = conv(("assistant", "Hi, how can I help?"), ("user", "x"), ("assistant", " y"))
+    out = enc.encode(c)
+    assert marked_runs(enc.tokenizer, out.input_ids, out.loss_mask) == [
+        "Hi, how can I help?<|im_end|>",
+        " y<|im_end|>",
+    ]

@@ -23,7 +23,9 @@ For every assistant turn ``k`` the template is rendered three times:
 * ``E`` = turns before ``k`` plus an assistant turn with empty content.
 
 The assistant's output starts where ``B`` departs from ``P`` (after the assistant header the
-template itself writes). ``E`` shows what the template appends after the content (the turn
+template itself writes; for a template that cannot render ``P`` - e.g. a leading assistant turn
+with a template that reads ``messages[0]`` - where ``B`` departs from a rendering of the same
+turn with a different first character). ``E`` shows what the template appends after the content (the turn
 *suffix*, e.g. ``<|im_end|>\\n``), so the content ends ``len(suffix)`` characters before the end
 of ``B`` - whatever the template did to the content (trim, escape). Of the suffix, the
 assistant produces the text up to and including the first special token (its end-of-turn
@@ -145,7 +147,6 @@ class ChatEncoder:
             if m["role"] != "assistant":
                 continue
             before = msgs[:k]
-            prompt = self.render(before, add_generation_prompt=True)
             upto = self.render([*before, m])
             empty = self.render([*before, {**m, "content": ""}])
             if not full.startswith(upto):
@@ -153,6 +154,14 @@ class ChatEncoder:
                     f"chat template is not prefix-consistent: rendering up to turn {k} "
                     "is not a prefix of the whole conversation"
                 )
+            try:
+                prompt = self.render(before, add_generation_prompt=True)
+            except Exception:
+                # Some templates cannot render an empty conversation (``messages[0]``), which
+                # is the prompt of a leading assistant turn. Then the content starts where a
+                # rendering with a different first character departs from ``upto``.
+                probe = "\x01" if m["content"].startswith("\x00") else "\x00"
+                prompt = self.render([*before, {**m, "content": probe}])
             start = _common_prefix(prompt, upto)
             end = len(upto)
             if empty.startswith(upto[:start]):
