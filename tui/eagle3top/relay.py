@@ -94,7 +94,11 @@ def _pipe(sock: socket.socket, stdin: int, stdout: int) -> int:
                 else:
                     data = os.read(stdin, 1 << 16)
                     if not data:
-                        return 0
+                        # Half-close like dial-stdio: the daemon still answers what it was
+                        # asked (a once-hello), then closes, which ends the relay.
+                        sel.unregister(stdin)
+                        sock.shutdown(socket.SHUT_WR)
+                        continue
                     sock.sendall(data)
     except (BrokenPipeError, ConnectionError):
         return 0

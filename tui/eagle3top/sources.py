@@ -32,7 +32,7 @@ import msgspec
 from eagle3proto import events as ev
 from eagle3proto import paths, reducer, wire
 from eagle3proto.codec import HEADER_SIZE, scan
-from eagle3proto.journal import Follower, list_segments
+from eagle3proto.journal import Follower, list_segments, replay
 
 from .model import Row
 
@@ -235,11 +235,16 @@ def once_local(t: Target) -> Row:
         row.host = snap.host or row.host
         return row
     if t.jdir and list_segments(t.jdir):
-        state, fol = read_journal(t.jdir)
+        state = reducer.new_state()
+        # replay (not Follower): it also reports a torn tail in the newest segment, which
+        # matters when the daemon is gone.
+        rep = replay(t.jdir, lambda batch: reducer.apply_all(state, batch))
         row.state = state
         row.source, row.conn = "journal", "journal"
         row.alive = lock_held(t.lock) if t.lock else None
-        for p in [*fol.problems, *([fol.stuck] if fol.stuck else [])]:
+        for p in rep.problems:
+            if p.reason == "torn" and row.alive:
+                continue  # a live writer's last frame may simply be half written
             row.notes.append(f"journal: {p.describe()}")
         return row
     row.error = "; ".join(errors) or "nothing to read"
