@@ -60,12 +60,25 @@ PLAIN = (
     "{{ '\\n\\n' }}{GE}{% else %}{{ m['role'] | capitalize }}: {{ m['content'] }}{{ '\\n\\n' }}"
     "{% endif %}{% endfor %}{% if add_generation_prompt %}Assistant: {% endif %}"
 )
+# Qwen3-like: an (empty) think block only on assistant turns after the last user turn, so a
+# turn renders differently once a later user turn exists (not prefix-consistent).
+QWEN3 = (
+    "{%- set ns = namespace(last_user=-1) %}{%- for m in messages %}"
+    "{%- if m['role'] == 'user' %}{%- set ns.last_user = loop.index0 %}{%- endif %}"
+    "{%- endfor %}{%- for m in messages %}{%- if m['role'] == 'assistant' %}"
+    "{{- '<|im_start|>assistant\\n' }}{GS}{%- if loop.index0 > ns.last_user %}"
+    "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{{- m['content'] }}<|im_end|>{GE}"
+    "{{- '\\n' }}{%- else %}{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + "
+    "'<|im_end|>\\n' }}{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
 TEMPLATES = {
     "tiny": (TINY, [], "<|end|>"),
     "chatml": (CHATML, ["<|im_start|>", "<|im_end|>"], "<|im_end|>"),
     "llama3": (LLAMA3, ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"], "<|eot_id|>"),
     "mistral": (MISTRAL, [], "<|eos|>"),
     "plain": (PLAIN, [], "\n\n"),
+    "qwen3": (QWEN3, ["<|im_start|>", "<|im_end|>"], "<|im_end|>"),
 }
 
 
@@ -371,3 +384,19 @@ def test_leading_assistant_turn_with_a_template_that_needs_a_first_message(
         "Hi, how can I help?<|im_end|>",
         " y<|im_end|>",
     ]
+
+
+def test_qwen3_like_template_that_is_not_prefix_consistent(tiny_model_dir: Path) -> None:
+    enc = encoder(tiny_model_dir, "qwen3")
+    c = conv(("user", "a"), ("assistant", "b1"), ("user", "c"), ("assistant", "d1"))
+    assert not enc.render(c.messages()).startswith(enc.render(c.messages()[:2]))
+    out = enc.encode(c)
+    # The earlier turn has no think block in the full text; the last one has it, and the
+    # model produces it (the server's prompt ends at "assistant\n").
+    assert marked_runs(enc.tokenizer, out.input_ids, out.loss_mask) == [
+        "b1<|im_end|>",
+        "<think>\n\n</think>\n\nd1<|im_end|>",
+    ]
+    # A trailing user turn: no assistant turn keeps its think block.
+    out = enc.encode(conv(("user", "a"), ("assistant", "b1"), ("user", "c")))
+    assert marked_runs(enc.tokenizer, out.input_ids, out.loss_mask) == ["b1<|im_end|>"]

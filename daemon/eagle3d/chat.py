@@ -18,26 +18,31 @@ prefix-consistent (``template_error``), an empty rendering (``empty``), a sample
 How the loss mask is derived (no ``{% generation %}`` markers needed, no string guessing).
 For every assistant turn ``k`` the template is rendered three times:
 
-* ``P`` = turns before ``k`` with ``add_generation_prompt=True`` (what a server would send),
 * ``B`` = turns up to and including ``k``,
-* ``E`` = turns before ``k`` plus an assistant turn with empty content.
+* ``Q`` = the same with turn ``k``'s content swapped for a one-character probe (``\\x00``),
+* ``P`` = turns before ``k`` with ``add_generation_prompt=True`` (what a server would send).
 
-The assistant's output starts where ``B`` departs from ``P`` (after the assistant header the
-template itself writes; for a template that cannot render ``P`` - e.g. a leading assistant turn
-with a template that reads ``messages[0]`` - where ``B`` departs from a rendering of the same
-turn with a different first character). ``E`` shows what the template appends after the content (the turn
-*suffix*, e.g. ``<|im_end|>\\n``), so the content ends ``len(suffix)`` characters before the end
-of ``B`` - whatever the template did to the content (trim, escape). Of the suffix, the
-assistant produces the text up to and including the first special token (its end-of-turn
-token, e.g. ``<|im_end|>``, ``<|eot_id|>``, ``</s>``); what follows it (ChatML's newline,
-the next turn's header) is template filler and gets 0. A suffix with no special token at all
-is taken entirely (it is then the only thing that ends the turn). Each ``B`` must be a prefix of
-the full rendering; a template that rewrites earlier turns later (e.g. dropping past reasoning)
-is reported as ``template_error`` rather than silently mis-masked.
+``B`` and ``Q`` differ exactly where the template put the content, whatever it did to it (trim,
+escape), so their common prefix and suffix give the content's place in ``B``. The assistant's
+output starts where ``B`` departs from ``P``: after the header the server sends, so anything the
+model itself writes before the content (e.g. a think block) is included. (A template that
+cannot render ``P`` - one that reads ``messages[0]`` for a leading assistant turn - starts at
+the content.) After the content comes the turn *suffix* (e.g. ``<|im_end|>\\n``): the
+assistant produces it up to and including its first special token (the end-of-turn token, e.g.
+``<|im_end|>``, ``<|eot_id|>``, ``</s>``); what follows (ChatML's newline, the next turn's
+header) is template filler and gets 0. A suffix with no special token at all is taken entirely
+(it is then the only thing that ends the turn).
+
+``B`` is normally a prefix of the full rendering, so its spans hold there. Some templates
+(Qwen3's) render a turn differently once later turns exist; then the content is located in the
+full rendering by two more probe renderings, and the produced text around it is kept where the
+full rendering has it. A template that drops or rewrites a turn's content in the full
+conversation is reported as ``template_error`` rather than silently mis-masked.
 
 The full conversation is tokenized once with offsets; a token gets 1 when its characters
 overlap an assistant span. Cost per sample: ``3 * assistant_turns + 1`` template renders (each
-a jinja call over a prefix) and one fast-tokenizer call.
+a jinja call over a prefix; 2 more per turn for non-prefix-consistent templates) and one
+fast-tokenizer call.
 
 Decisions:
 
@@ -48,7 +53,8 @@ Decisions:
 * ``max_length`` 0 means no limit; truncation keeps the head of the sample.
 * Pre-tokenized samples bypass the template; their ids must be ``< len(tokenizer)``.
 * Limitation: text in a message that spells a special token (e.g. ``<|end|>``) is tokenized as
-  that special token, as in any pipeline that tokenizes the rendered text.
+  that special token, as in any pipeline that tokenizes the rendered text (and as Hugging
+  Face's ``apply_chat_template`` does by default, ``sanitize_control_tokens=False``).
 """
 
 from __future__ import annotations
@@ -148,28 +154,54 @@ class ChatEncoder:
                 continue
             before = msgs[:k]
             upto = self.render([*before, m])
-            empty = self.render([*before, {**m, "content": ""}])
-            if not full.startswith(upto):
-                raise ValueError(
-                    f"chat template is not prefix-consistent: rendering up to turn {k} "
-                    "is not a prefix of the whole conversation"
-                )
+            probe = self.render([*before, {**m, "content": _probe(m["content"])}])
+            # The content's place in ``upto``: where the two renderings differ.
+            content_start = _common_prefix(probe, upto)
+            content_end = len(upto) - min(_common_suffix(probe, upto), len(upto) - content_start)
             try:
                 prompt = self.render(before, add_generation_prompt=True)
+                start = min(_common_prefix(prompt, upto), content_start)
             except Exception:
-                # Some templates cannot render an empty conversation (``messages[0]``), which
-                # is the prompt of a leading assistant turn. Then the content starts where a
-                # rendering with a different first character departs from ``upto``.
-                probe = "\x01" if m["content"].startswith("\x00") else "\x00"
-                prompt = self.render([*before, {**m, "content": probe}])
-            start = _common_prefix(prompt, upto)
-            end = len(upto)
-            if empty.startswith(upto[:start]):
-                suffix = empty[start:]
-                if upto.endswith(suffix) and end - len(suffix) >= start:
-                    end = end - len(suffix) + self._produced(suffix)
-            spans.append((start, end))
+                # Some templates cannot render an empty conversation (``messages[0]``), the
+                # prompt of a leading assistant turn: then the output starts with the content.
+                start = content_start
+            end = content_end + self._produced(upto[content_end:])
+            if full.startswith(upto):
+                spans.append((start, end))
+            else:
+                lead, trail = upto[start:content_start], upto[content_end:end]
+                spans.append(self._relocate(msgs, k, lead, trail, full))
         return full, spans
+
+    def _relocate(
+        self, msgs: list[dict[str, str]], k: int, lead: str, trail: str, full: str
+    ) -> tuple[int, int]:
+        """Find turn ``k``'s span in ``full`` when the template renders it differently there.
+
+        Templates like Qwen3's render a turn differently once later turns exist (an empty
+        think block only after the last user turn). The turn's content is located in the full
+        rendering by swapping it for two different one-character probes; what the assistant
+        produces around the content (``lead``, e.g. a think block, and ``trail``, the
+        end-of-turn token) is kept only where the full rendering has the same text there.
+        """
+        m = msgs[k]
+        a = self.render([*msgs[:k], {**m, "content": "\x00"}, *msgs[k + 1 :]])
+        b = self.render([*msgs[:k], {**m, "content": "\x01"}, *msgs[k + 1 :]])
+        head, tail = _common_prefix(a, b), _common_suffix(a, b)
+        if head == len(a) or not (full.startswith(a[:head]) and full.endswith(a[len(a) - tail :])):
+            raise ValueError(
+                f"chat template is not prefix-consistent and renders turn {k}'s content "
+                "differently (or not at all) in the whole conversation"
+            )
+        cs, ce = head, len(full) - tail  # the content's place in the full rendering
+        if full[ce : ce + len(trail)] != trail:
+            raise ValueError(
+                f"chat template is not prefix-consistent: turn {k} ends differently "
+                "in the whole conversation"
+            )
+        if len(lead) <= cs and full[cs - len(lead) : cs] == lead:
+            cs -= len(lead)
+        return cs, ce + len(trail)
 
     def _produced(self, suffix: str) -> int:
         """How much of a turn suffix the assistant produces: up to its first special token."""
@@ -241,6 +273,24 @@ def _common_prefix(a: str, b: str) -> int:
         else:
             hi = mid - 1
     return lo
+
+
+def _common_suffix(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    lo, hi = 0, n
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[len(a) - mid :] == b[len(b) - mid :]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _probe(content: str) -> str:
+    """A one-character content that differs from ``content``'s first and last characters."""
+    edges = content[:1] + content[-1:]
+    return next(c for c in "\x00\x01\x02" if c not in edges)
 
 
 def _mask(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]]) -> list[int]:
