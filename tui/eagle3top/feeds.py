@@ -26,9 +26,9 @@ from .sources import SourceInfo, Target, decode, lock_held, read_journal
 BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 15.0)
 
 
-def backoff(attempts: int) -> float:
+def backoff(attempts: int, delays: tuple[float, ...] = BACKOFF_S) -> float:
     """Delay before reconnect attempt number ``attempts`` (1-based), capped."""
-    return BACKOFF_S[min(max(attempts, 1), len(BACKOFF_S)) - 1]
+    return delays[min(max(attempts, 1), len(delays)) - 1]
 
 
 class Feed:
@@ -38,6 +38,7 @@ class Feed:
         self.row = row
         self.clock = clock
         self.alias = alias  # a remote host as the user named it: prefixes the row label
+        self.delays = BACKOFF_S
         self._kick = asyncio.Event()
         self.records = 0  # records folded, for benchmarks
 
@@ -138,7 +139,7 @@ class LocalFeed(Feed):
             if await self._try_socket():
                 continue  # it was up: try again at once (a restart is quick)
             row.attempts += 1
-            delay = backoff(row.attempts)
+            delay = backoff(row.attempts, self.delays)
             row.retry_at = self.clock() + delay
             await self._follow_journal(delay)
 
@@ -217,6 +218,6 @@ class StreamFeed(Feed):
                 row.attempts = 0
             row.attempts += 1
             row.conn = "disconnected"
-            delay = backoff(row.attempts)
+            delay = backoff(row.attempts, self.delays)
             row.retry_at = self.clock() + delay
             await self._sleep(delay)
