@@ -24,20 +24,23 @@ from .feeds import Feed
 from .model import Row
 
 HELP = """\
-eagle3-top: every number comes from the daemon's journal (via its socket, the journal
-file itself, or an ssh relay) and is shown with its age.
+eagle3-top: every number comes from the daemon's journal (via its socket, the
+journal file itself, or an ssh relay) and is shown with its age.
 
   q   quit
   ?   this help
   p   pause the display (data keeps being collected; PAUSED shows in the header)
   r   reconnect now (skip the back-off)
 
-Connection line: "live" = the socket answered and spoke within 5 s; "STALE for N s" = the
-socket is open but silent; "journal" = reading the journal file (daemon up or down as its
-shard lock says); "disconnected, retrying in N s" = nothing to read right now.
+Connection line:
+  live                  the socket answered and spoke within the last 5 s
+  STALE for N s         the socket is open but silent
+  journal               reading the journal file; the daemon is up or down as
+                        its shard lock (OUTPUT/.eagle3d/shard-I-of-N.lock) says
+  disconnected, retrying in N s   nothing to read right now
 
-Pipeline: sent -> dumped -> saved; in flight = sent - dumped, committing = dumped - saved;
-each with the age of its last change. Failed = samples given up on for good.
+Pipeline: sent -> dumped -> saved. in flight = sent - dumped, committing =
+dumped - saved, each with the age of its last change. failed = given up for good.
 
 press any key to close"""
 

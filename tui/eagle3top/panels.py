@@ -189,7 +189,7 @@ def disk(rows: list[Row], now: float) -> Text:
             used = d.total_bytes - d.free_bytes
             frac = used / d.total_bytes if d.total_bytes else 0.0
             style = BAD if frac > 0.95 else (WARN if frac > 0.85 else "")
-            host = f" @{r.host}" if len(rows) > 1 else ""
+            host = f" @{r.host}" if len({x.host for x in rows}) > 1 else ""
             t.append(f"{d.label}{host} ", style="bold")
             t.append(f"{fmt.size(used)} used, {fmt.size(d.free_bytes)} free", style=style)
             t.append(f" ({frac * 100:.0f}% full)", style=style or DIM)
@@ -211,7 +211,7 @@ def gpus(rows: list[Row], now: float) -> Text:
         if stats is None or r.host in seen:
             continue
         seen.add(r.host)
-        host = f"@{r.host} " if len(rows) > 1 else ""
+        host = f"@{r.host} " if len({x.host for x in rows}) > 1 else ""
         if not stats.gpus:
             t.append(f"{host}{stats.gpu_note or 'no GPU'}\n", style=DIM)
         for g in stats.gpus:
@@ -219,8 +219,8 @@ def gpus(rows: list[Row], now: float) -> Text:
             hot = g.temperature_c >= 85 or g.ecc_errors or any("hw" in x for x in g.throttle)
             t.append(f"{host}gpu{g.index} ", style="bold")
             t.append(f"{g.util_percent:3.0f}% ", style=OK if g.util_percent >= 50 else WARN)
-            t.append(f"mem {fmt.size(g.mem_used_bytes)}/{fmt.size(g.mem_total_bytes)} ")
-            t.append(f"({mem * 100:.0f}%) {g.temperature_c:.0f}C {g.power_w:.0f} W")
+            t.append(f"{g.mem_used_bytes / 1e9:.0f}/{g.mem_total_bytes / 1e9:.0f} GB ")
+            t.append(f"{g.temperature_c:.0f}C {g.power_w:.0f} W", style="" if mem < 0.95 else WARN)
             if g.ecc_errors:
                 t.append(f" ECC {g.ecc_errors}", style=BAD)
             if g.throttle:
@@ -233,34 +233,42 @@ def gpus(rows: list[Row], now: float) -> Text:
 
 
 def producer(rows: list[Row], now: float) -> Text:
+    """Producer and daemon health: three lines for one shard, one compact line per shard."""
     t = Text()
+    compact = len(rows) > 1
     for r in rows:
         s = r.state
         if s is None:
             continue
         if t:
             t.append("\n")
-        who = f"{r.label}: " if len(rows) > 1 else ""
+        v = r.view(now)
         p = s.stats.producer if s.stats else None
+        if compact:
+            t.append(f"{r.label[:24]:25}", style=DIM)
         if p is None:
-            t.append(f"{who}producer: no stats yet", style=DIM)
+            t.append("producer: no stats yet", style=DIM)
         else:
-            t.append(f"{who}{p.name or 'producer'} ")
+            t.append(f"{p.name or 'producer'} ")
             t.append("up" if p.up else "DOWN", style=OK if p.up else BAD)
             t.append(f"  latency {p.latency_s:.2f} s  restarts {p.restarts}")
-            for k, val in sorted(p.detail.items())[:4]:
-                t.append(f"  {k} {val}", style=DIM)
-        v = r.view(now)
-        t.append(f"\n{who}requests {fmt.count(v.requests)}  retries {fmt.count(v.retries)}")
+            if not compact:
+                for k, val in sorted(p.detail.items())[:4]:
+                    t.append(f"  {k} {val}", style=DIM)
+        if compact:
+            if s.stats:
+                t.append(f"  cpu {s.stats.cpu_percent:.0f}%", style=DIM)
+            continue
+        t.append(f"\nrequests {fmt.count(v.requests)}  retries {fmt.count(v.retries)}")
         t.append(f"  orphans {fmt.count(v.orphans)}")
         if s.stats:
             t.append(
-                f"\n{who}daemon cpu {s.stats.cpu_percent:.0f}%  rss {fmt.size(s.stats.rss_bytes)}"
+                f"\ndaemon cpu {s.stats.cpu_percent:.0f}%  rss {fmt.size(s.stats.rss_bytes)}"
                 f"  stats {fmt.age(v.ages.get('stats'))}",
                 style=DIM,
             )
         if s.recovered:
-            t.append(f"\n{who}journal recovered: {s.recovered[-1]}", style=WARN)
+            t.append(f"\njournal recovered: {s.recovered[-1]}", style=WARN)
     if not t:
         t.append("no data", style=DIM)
     return t
