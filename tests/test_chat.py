@@ -400,3 +400,10 @@ def test_qwen3_like_template_that_is_not_prefix_consistent(tiny_model_dir: Path)
     # A trailing user turn: no assistant turn keeps its think block.
     out = enc.encode(conv(("user", "a"), ("assistant", "b1"), ("user", "c")))
     assert marked_runs(enc.tokenizer, out.input_ids, out.loss_mask) == ["b1<|im_end|>"]
+
+
+def test_named_templates_use_the_default_one(tiny_model_dir: Path) -> None:
+    tok = load_tokenizer(tiny_model_dir, [])
+    tok.chat_template = {"default": unmarked(TINY), "tool_use": "{{ raise_exception('no') }}"}
+    out = ChatEncoder(tok).encode(conv(("user", "q"), ("assistant", "a")))
+    assert marked_runs(tok, out.input_ids, out.loss_mask) == ["a<|end|>"]

@@ -242,3 +242,11 @@ def test_demo_generator_is_deterministic_and_current(tmp_path: Path) -> None:
     out = tmp_path / "demo.jsonl"
     subprocess.run([sys.executable, str(script), "--output", str(out)], check=True)
     assert out.read_bytes() == DEMO.read_bytes()
+
+
+def test_utf8_byte_order_mark_is_not_part_of_line_one(tmp_path: Path) -> None:
+    line = b'{"input_ids": [1], "loss_mask": [1]}'
+    p = write(tmp_path / "bom.jsonl", b"\xef\xbb\xbf" + line + b"\n" + line + b"\n")
+    assert count_lines(p) == 2
+    assert [s for _, s in iter_samples(p)] == [PreTokenized(0, [1], [1]), PreTokenized(1, [1], [1])]
+    assert [i for i, _ in iter_samples(p, 1, 2)] == [1]

@@ -105,14 +105,19 @@ class ChatEncoder:
         if max_length < 0:
             raise ValueError(f"max_length must be >= 0, got {max_length}")
         template = chat_template or getattr(tokenizer, "chat_template", None)
+        if isinstance(template, dict):  # named templates: the default one formats chats
+            template = template.get("default")
         if not template or not isinstance(template, str):
-            raise ValueError("the tokenizer has no chat template (a single string is needed)")
+            raise ValueError("the tokenizer has no chat template")
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is None:
+            raise ValueError("a fast (Rust-backed) tokenizer is needed: the mask uses its offsets")
         self.tokenizer = tokenizer
         self.max_length = max_length
         self.on_overflow = on_overflow
         self.chat_template = template
         self.vocab_size = len(tokenizer)
-        self._backend = getattr(tokenizer, "backend_tokenizer", None)
+        self._backend = backend
         self._render = _compile(template)
         # Template variables HF passes too (bos_token, eos_token, ...), as plain strings.
         self._template_vars = {
@@ -241,11 +246,8 @@ class ChatEncoder:
         return self._limit(idx, ids, _mask(offsets, spans))
 
     def _tokenize(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
-        if self._backend is not None:
-            enc = self._backend.encode(text, add_special_tokens=False)
-            return enc.ids, enc.offsets  # fresh lists from the Rust side
-        out = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-        return list(out["input_ids"]), [tuple(o) for o in out["offset_mapping"]]
+        enc = self._backend.encode(text, add_special_tokens=False)
+        return enc.ids, enc.offsets  # fresh lists from the Rust side
 
     def _limit(self, idx: int, ids: list[int], mask: list[int]) -> Tokenized:
         n = len(ids)

@@ -66,6 +66,7 @@ ROLE_MAP: dict[str, str] = {
 }
 
 _CHUNK = 1 << 20
+_BOM = b"\xef\xbb\xbf"
 
 
 class BadSample(ValueError):
@@ -143,6 +144,8 @@ def iter_lines(
     if shard_count < 1 or not 0 <= shard_index < shard_count:
         raise ValueError(f"bad shard {shard_index}/{shard_count}")
     with open(path, "rb") as f:
+        if f.peek(3)[:3] == _BOM:  # a UTF-8 byte order mark is not part of line 1's JSON
+            f.read(3)
         if shard_count == 1:
             for idx, line in enumerate(f):
                 yield idx, _strip_eol(line)
