@@ -1,0 +1,160 @@
+"""The real ``eagle3-top`` in a real terminal (tmux), reading the screen like a person would.
+
+Two producers of events: the real event-source process (JournalWriter + EventServer), and
+the real daemon (``eagle3d run`` on the tiny model). TERM is xterm-256color with no
+COLORTERM, as over ssh.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from importlib import resources
+
+import pytest
+from eagle3proto import paths
+from eagle3top.sources import read_journal
+from monitor_helpers import EAGLE3_TOP, event_source
+
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed"),
+]
+_ids = itertools.count()
+
+
+class Tmux:
+    """One detached tmux session on a private server socket."""
+
+    def __init__(self, command: list[str], width: int = 120, height: int = 40) -> None:
+        self.server = f"eagle3top-test-{os.getpid()}-{next(_ids)}"
+        env = {k: v for k, v in os.environ.items() if k not in ("COLORTERM", "TMUX")}
+        env["TERM"] = "xterm-256color"
+        self.env = env
+        cmd = " ".join(subprocess.list2cmdline([c]) for c in command)
+        self._tmux("new-session", "-d", "-s", "main", "-x", str(width), "-y", str(height), cmd)
+
+    def _tmux(self, *args: str) -> str:
+        p = subprocess.run(
+            ["tmux", "-L", self.server, "-f", "/dev/null", *args],
+            capture_output=True,
+            text=True,
+            env=self.env,
+            check=False,
+        )
+        return p.stdout
+
+    def screen(self) -> str:
+        return self._tmux("capture-pane", "-p", "-t", "main")
+
+    def keys(self, *keys: str) -> None:
+        self._tmux("send-keys", "-t", "main", *keys)
+
+    def alive(self) -> bool:
+        return "main" in self._tmux("list-sessions", "-F", "#{session_name}")
+
+    def wait_screen(self, pred, timeout: float = 30.0) -> str:  # type: ignore[no-untyped-def]
+        end = time.monotonic() + timeout
+        text = ""
+        while time.monotonic() < end:
+            text = self.screen()
+            if pred(text):
+                return text
+            time.sleep(0.2)
+        raise AssertionError(f"screen never matched; last screen:\n{text}")
+
+    def kill(self) -> None:
+        self._tmux("kill-server")
+
+
+def saved_on_screen(text: str) -> int:
+    """The number under 'saved' in the Pipeline panel."""
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if re.search(r"\bsent\s+dumped\s+saved\s+failed\b", line):
+            nums = re.findall(r"[\d,]+", lines[i + 1])
+            return int(nums[2].replace(",", ""))
+    raise AssertionError("no pipeline panel on screen:\n" + text)
+
+
+def test_tmux_against_the_event_source(tmp_path) -> None:
+    out = str(tmp_path)
+    with event_source(out, "--total", "100000", "--rate", "300", "--bytes", "1000") as proc:
+        t = Tmux([EAGLE3_TOP, "--output", out, "--interval", "0.5"])
+        try:
+            s = t.wait_screen(lambda s: "live (socket)" in s and saved_on_screen(s) > 0)
+            assert "RUNNING" in s and "Pipeline" in s and "Throughput" in s and "Disk" in s
+            assert "GPU" in s and "Recent errors" in s and "Producer" in s
+            first = saved_on_screen(s)
+            t.wait_screen(lambda s: saved_on_screen(s) > first)  # it moves
+            t.keys("p")
+            s = t.wait_screen(lambda s: "PAUSED" in s)
+            frozen = saved_on_screen(s)
+            time.sleep(1.5)
+            assert saved_on_screen(t.screen()) == frozen  # paused: the numbers hold still
+            t.keys("p")
+            t.wait_screen(lambda s: "PAUSED" not in s and saved_on_screen(s) > frozen)
+            t.keys("?")
+            t.wait_screen(lambda s: "press any key to close" in s)
+            t.keys("Escape")
+            t.wait_screen(lambda s: "press any key to close" not in s)
+            proc.terminate()  # a clean stop: the monitor must say so, not freeze
+            proc.wait(10)
+            s = t.wait_screen(lambda s: "daemon down" in s and "STOPPED" in s)
+            jstate, _ = read_journal(paths.journal_dir(out, paths.Shard()))
+            t.wait_screen(lambda s: saved_on_screen(s) == jstate.saved)
+            t.keys("q")
+            end = time.monotonic() + 10
+            while t.alive() and time.monotonic() < end:
+                time.sleep(0.1)
+            assert not t.alive()
+        finally:
+            t.kill()
+
+
+@pytest.mark.slow
+def test_tmux_against_the_real_daemon(tmp_path, tiny_model_dir) -> None:
+    data = str(resources.files("eagle3d").joinpath("data/demo.jsonl"))
+    subset = tmp_path / "data.jsonl"
+    with open(data) as f:
+        subset.write_text("".join(f.readlines()[:60]))
+    out = str(tmp_path / "out")
+    daemon = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "eagle3d",
+            "run",
+            "--model",
+            str(tiny_model_dir),
+            "--dataset",
+            str(subset),
+            "--output",
+            out,
+            "--max-length",
+            "512",
+            "--dump-dir",
+            str(tmp_path / "dumps"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    t = Tmux([EAGLE3_TOP, "--output", out, "--interval", "0.5"])
+    try:
+        t.wait_screen(lambda s: "live (socket)" in s and "RUNNING" in s, timeout=60)
+        assert daemon.wait(90) == 0
+        s = t.wait_screen(lambda s: "FINISHED" in s, timeout=30)
+        jstate, _ = read_journal(paths.journal_dir(out, paths.Shard()))
+        assert jstate.state == "finished"
+        assert saved_on_screen(s) == jstate.saved > 0
+        assert "total 60" in s
+        t.keys("q")
+    finally:
+        t.kill()
+        if daemon.poll() is None:
+            daemon.kill()
