@@ -407,3 +407,56 @@ def test_named_templates_use_the_default_one(tiny_model_dir: Path) -> None:
     tok.chat_template = {"default": unmarked(TINY), "tool_use": "{{ raise_exception('no') }}"}
     out = ChatEncoder(tok).encode(conv(("user", "q"), ("assistant", "a")))
     assert marked_runs(tok, out.input_ids, out.loss_mask) == ["a<|end|>"]
+
+
+PIECES = [
+    "",
+    " ",
+    "\n",
+    "\n\n",
+    "  padded  ",
+    "<",
+    ">",
+    "|",
+    "<|",
+    "end",
+    "assistant",
+    "[/INST]",
+    "User:",
+    "\x00",
+    "é",
+    "🚀",
+    "数据",
+    "The quick tempo.",
+    "x = [i for i in y]",
+]
+
+
+@pytest.mark.parametrize("name", sorted(TEMPLATES))
+def test_tricky_contents_match_hf_generation_markers(tiny_model_dir: Path, name: str) -> None:
+    """Seeded random conversations whose contents sit on the template's own boundaries."""
+    import random
+
+    rng = random.Random(f"tricky-{name}")
+    template, specials, _ = TEMPLATES[name]
+    tok = load_tokenizer(tiny_model_dir, specials)
+    enc = ChatEncoder(tok, chat_template=unmarked(template))
+    for _ in range(150):
+        turns: list[tuple[str, str]] = []
+        if name != "mistral" and rng.random() < 0.3:
+            turns.append(("system", "sys"))
+        for _ in range(rng.randint(1, 3)):
+            for role in ("user", "assistant"):
+                text = "".join(rng.choice(PIECES) for _ in range(rng.randint(0, 4)))
+                turns.append((role, text))
+        c = conv(*turns)
+        hf = tok.apply_chat_template(
+            c.messages(),
+            chat_template=marked(template),
+            tokenize=True,
+            return_dict=True,
+            return_assistant_tokens_mask=True,
+        )
+        out = enc.encode(c)
+        assert out.input_ids == list(hf["input_ids"]), (name, turns)
+        assert out.loss_mask == list(hf["assistant_masks"]), (name, turns)
