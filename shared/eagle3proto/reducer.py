@@ -168,8 +168,14 @@ def _saved(s: ShardState, e: ev.SampleSaved) -> None:
     else:
         b = Bucket(t)
         h.append(b)
-        if len(h) > HISTORY_SECONDS or h[0].t <= t - HISTORY_SECONDS:
-            s.history = [x for x in h if x.t > t - HISTORY_SECONDS]
+        cut = t - HISTORY_SECONDS
+        if h[0].t <= cut:
+            # Drop expired buckets from the front in place: rebuilding the whole window on
+            # every new second made replaying a long journal quadratic-ish.
+            k = 1
+            while k < len(h) and h[k].t <= cut:
+                k += 1
+            del h[:k]
     b.samples += 1
     b.tokens += e.tokens
     b.bytes += e.bytes
