@@ -297,7 +297,7 @@ def _prefill_graph_backend() -> str | None:
         from sglang.srt.runtime_context import get_exec
 
         return str(get_exec().graph.cuda_graph_config.prefill.backend)
-    except (ImportError, ValueError, AttributeError):
+    except (ImportError, ValueError, RuntimeError, AttributeError):
         return None
 
 

@@ -1,0 +1,121 @@
+"""``eagle3d serve-sglang`` / ``sglang-args`` argument building (supervision: test_sglang_integration)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from eagle3d import sglang_launch as sl
+from eagle3d.cli import main
+from eagle3d.sglang_hook import FACTORY
+
+
+def spec_of(args: list[str]) -> dict[str, object]:
+    (spec,) = json.loads(args[args.index("--forward-hooks") + 1])
+    return spec  # type: ignore[no-any-return]
+
+
+def test_extra_args_load_the_hook_and_disable_what_defeats_capture(tmp_path: Path) -> None:
+    args = sl.extra_args(str(tmp_path / "d"), [3, 1, 3], max_pending=7)
+    spec = spec_of(args)
+    assert spec["hook_factory"] == FACTORY
+    assert spec["config"] == {
+        "dump_dir": str(tmp_path / "d"),
+        "aux_layers": [3, 1, 3],
+        "max_pending": 7,
+    }
+    assert {"--disable-radix-cache", "--disable-prefill-cuda-graph", "--enable-metrics"} <= set(
+        args
+    )
+    assert "aux_layers" not in spec_of(sl.extra_args("rel/dir"))["config"]  # type: ignore[operator]
+    assert spec_of(sl.extra_args("rel/dir"))["config"]["dump_dir"].startswith("/")  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    "user, bad",
+    [
+        (["--tp", "8"], []),
+        (["--enable-dp-attention"], ["--enable-dp-attention"]),
+        (["--pp-size=2", "--forward-hooks", "[]"], ["--pp-size", "--forward-hooks"]),
+        (["--cuda-graph-backend-prefill", "full"], ["--cuda-graph-backend-prefill"]),
+    ],
+)
+def test_conflicting_user_arguments(user: list[str], bad: list[str]) -> None:
+    assert [c.split(":")[0] for c in sl.conflicts(user)] == bad
+
+
+@pytest.mark.parametrize(
+    "user, url",
+    [
+        ([], "http://127.0.0.1:30000"),
+        (["--host", "0.0.0.0", "--port", "8000"], "http://127.0.0.1:8000"),
+        (["--host=10.0.0.2", "--port=1"], "http://10.0.0.2:1"),
+    ],
+)
+def test_server_url(user: list[str], url: str) -> None:
+    assert sl.server_url(user) == url
+
+
+def test_sglang_args_prints_exactly_the_extra_arguments(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["sglang-args", "--dump-dir", str(tmp_path), "--aux-layers", "1,2,3"]) == 0
+    out = capsys.readouterr()
+    assert shlex.split(out.out) == sl.extra_args(str(tmp_path), [1, 2, 3])
+    assert "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false" in out.err
+    assert main(["sglang-args", "--dump-dir", str(tmp_path), "--format", "json"]) == 0
+    js = json.loads(capsys.readouterr().out)
+    assert js == {"args": sl.extra_args(str(tmp_path)), "env": sl.HEALTH_ENV}
+
+
+def test_serve_dry_run_and_refusals(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    d = str(tmp_path / "dumps")
+    assert (
+        main(
+            ["serve-sglang", "--dump-dir", d, "--dry-run", "--", "--model-path", "/m", "--tp", "8"]
+        )
+        == 0
+    )
+    line = capsys.readouterr().out.strip()
+    env, *cmd = shlex.split(line)
+    assert env == "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false"
+    assert cmd[1:3] == ["-m", "sglang.launch_server"] and cmd[3:7] == [
+        "--model-path",
+        "/m",
+        "--tp",
+        "8",
+    ]
+    assert cmd[7:] == sl.extra_args(d)
+    assert (
+        main(["serve-sglang", "--dump-dir", d, "--", "--model-path", "/m", "--enable-dp-attention"])
+        == 2
+    )
+    assert "--enable-dp-attention" in capsys.readouterr().err
+    assert main(["serve-sglang", "--dump-dir", d, "--", "--tp", "8"]) == 2
+    assert "--model-path" in capsys.readouterr().err
+
+
+def test_serve_returns_the_server_exit_status(tmp_path: Path) -> None:
+    # a "server" that exits at once with status 3: supervise reports it
+    rc = sl.supervise(
+        [sys.executable, "-c", "import sys; sys.exit(3)"], {}, "http://127.0.0.1:9", poll=0.05
+    )
+    assert rc == 3
+    r = subprocess.run(
+        [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
+        check=False,
+    )
+    assert r.returncode == -9
+    assert (
+        sl.supervise(
+            [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
+            {},
+            "http://127.0.0.1:9",
+            poll=0.05,
+        )
+        == 137
+    )
