@@ -1,0 +1,152 @@
+"""Helpers for the fault tests: datasets cut from the demo, running the real daemon, checking.
+
+Every run is a real ``python -m eagle3d run`` subprocess on the tiny model. The checks use the
+crash-loop harness's independent journal reader (``bench/crashloop.py``) and ``eagle3d verify``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+DEMO = REPO / "daemon" / "eagle3d" / "data" / "demo.jsonl"
+
+
+def _load_crashloop() -> ModuleType:
+    if "crashloop" in sys.modules:
+        return sys.modules["crashloop"]
+    spec = importlib.util.spec_from_file_location("crashloop", REPO / "bench" / "crashloop.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["crashloop"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+crashloop = _load_crashloop()
+
+
+#: Demo lines that must fail: bad JSON, an unknown role, no turns.
+MALFORMED_DEMO_LINES = (41, 142, 263)
+
+
+def dataset(path: Path, n: int, malformed: bool = True) -> tuple[set[int], set[int]]:
+    """The first ``n`` demo lines (plus, by default, the demo's three malformed lines) at
+    ``path``; returns (valid ids, malformed ids) as the crash-loop classifier sees them."""
+    lines = DEMO.read_text(encoding="utf-8").splitlines()
+    picked = lines[:n] + ([lines[i] for i in MALFORMED_DEMO_LINES] if malformed else [])
+    path.write_text("\n".join(picked) + "\n", encoding="utf-8")
+    bad = {i for i, ln in enumerate(picked) if crashloop.expected_malformed(ln)}
+    return set(range(len(picked))) - bad, bad
+
+
+def env_without_faults(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "EAGLE3D_FAULT"}
+    env.update(extra)
+    return env
+
+
+def run_args(model: Path, data: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable, "-m", "eagle3d", "run",
+        "--model", str(model), "--dataset", str(data), "--output", str(out),
+        "--dump-dir", f"{out}.dumps", "--socket", f"{out}.sock",
+        *extra,
+    ]  # fmt: skip
+
+
+def run(
+    model: Path,
+    data: Path,
+    out: Path,
+    *extra: str,
+    fault: str = "",
+    timeout: float = 120,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run the daemon to its end; ``fault`` sets ``EAGLE3D_FAULT``."""
+    e = env_without_faults() if env is None else env
+    if fault:
+        e["EAGLE3D_FAULT"] = fault
+    return subprocess.run(
+        run_args(model, data, out, *extra),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=e,
+        start_new_session=True,
+    )
+
+
+def start(
+    model: Path, data: Path, out: Path, *extra: str, fault: str = "", log: Path | None = None
+) -> subprocess.Popen[bytes]:
+    e = env_without_faults()
+    if fault:
+        e["EAGLE3D_FAULT"] = fault
+    logf = open(log or f"{out}.log", "wb")  # noqa: SIM115 - handed to the child
+    try:
+        return subprocess.Popen(
+            run_args(model, data, out, *extra),
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            env=e,
+            start_new_session=True,
+        )
+    finally:
+        logf.close()
+
+
+def verify(out: Path) -> dict[str, Any]:
+    r = subprocess.run(
+        [sys.executable, "-m", "eagle3d", "verify", "--output", str(out), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    rep: dict[str, Any] = json.loads(r.stdout)
+    rep["_rc"] = r.returncode
+    return rep
+
+
+def check(out: Path) -> Any:
+    """The independent check (``crashloop.Check``)."""
+    return crashloop.check_output(str(out))
+
+
+def records(out: Path, kind: str | None = None) -> list[dict[str, Any]]:
+    """Every record of every shard, read by the independent reader."""
+    recs: list[dict[str, Any]] = []
+    for jdir in crashloop.journal_dirs(str(out)):
+        recs += crashloop.read_journal(jdir).records
+    return [r for r in recs if kind is None or r.get("kind") == kind]
+
+
+def assert_complete(out: Path, valid: set[int], malformed: set[int]) -> Any:
+    """The job finished consistently: every valid sample saved once, the rest failed."""
+    c = check(out)
+    assert not c.bad, c.bad
+    assert c.saved == valid, (sorted(valid - c.saved), sorted(c.saved - valid))
+    assert c.failed == malformed
+    assert not c.leftovers and c.temp_files == 0
+    assert c.finished
+    rep = verify(out)
+    assert rep["_rc"] == 0 and rep["ok"] and rep["checked"] == len(valid), rep
+    return c
+
+
+def wait_for(pred: Any, timeout: float, what: str, step: float = 0.1) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(step)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
