@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
@@ -300,6 +301,8 @@ async def test_stream_feed_over_fake_ssh(tmp_path, monkeypatch) -> None:
             assert feed.records > 5
         finally:
             task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
     assert backoff(1) == 1.0 and backoff(99) == 15.0
 
 

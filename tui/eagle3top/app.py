@@ -141,8 +141,11 @@ class Eagle3Top(App[int]):
     def _set(self, wid: str, text: Text) -> None:
         if self._shown.get(wid) == text:
             return  # unchanged: no redraw (Textual stays idle)
+        old = self._shown.get(wid)
         self._shown[wid] = text
-        self.query_one(f"#{wid}", Static).update(text)
+        # Re-layout only when the height may change; otherwise repaint just this widget.
+        same_height = old is not None and old.plain.count("\n") == text.plain.count("\n")
+        self.query_one(f"#{wid}", Static).update(text, layout=not same_height)
 
     def tick(self) -> None:
         """Redraw from the rows at ``clock()``; only the header while paused."""
