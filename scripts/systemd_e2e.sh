@@ -241,6 +241,13 @@ wait_for 120 "STATUS with counters" status_has_counts
 C systemctl status "$UNIT" --no-pager -n 0 >"$WORK/status.txt" || true
 grep -q 'Status: "saved ' "$WORK/status.txt" || { cat "$WORK/status.txt" >&2; die "no STATUS in systemctl status"; }
 log "   $(grep 'Status:' "$WORK/status.txt" | sed 's/^ *//')"
+# An operator attaches the monitor by output directory; it finds the socket in
+# $RUNTIME_DIRECTORY (/run/eagle3d/JOB) through the journal's run_started record.
+C ls /run/eagle3d/$JOB/ | grep -q '\.sock$' || die "no socket in /run/eagle3d/$JOB"
+C "$VENV/bin/eagle3-top" --once --json --output /srv/eagle3d/out >"$WORK/top.json" ||
+    die "eagle3-top --once exited $? against the running service"
+grep -q '"source": "socket"' "$WORK/top.json" || { head -c 600 "$WORK/top.json" >&2; die "eagle3-top did not use the socket"; }
+log "   eagle3-top --once: OK over the socket in /run/eagle3d/$JOB"
 wait_for 300 "$STEP samples saved" saved_at_least "$STEP"
 
 # -- 2. restart mid-run --------------------------------------------------------------------
