@@ -174,7 +174,7 @@ class Committer:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
             try:
                 w = ChecksumWriter(fd)
-                torch.save(payload, w)
+                _save(torch, payload, w)
                 os.fdatasync(fd)
             except BaseException:
                 os.close(fd)
@@ -190,6 +190,25 @@ class Committer:
                 e.errno or 5, f"commit of sample {idx} failed: {e.strerror or e}"
             ) from e
         return Committed(rel, w.size, w.checksum)
+
+
+def _save(torch: Any, payload: dict[str, Any], w: ChecksumWriter) -> None:
+    """``torch.save`` that lets a failed write's OSError (and its errno) through.
+
+    When a write fails (ENOSPC, EIO), torch's zip writer raises a RuntimeError ("unexpected
+    pos") while closing, with the OSError only as its context. Without this, a full disk
+    looked like an internal error: the sample was retried and then failed for good instead
+    of the daemon pausing.
+    """
+    try:
+        torch.save(payload, w)
+    except RuntimeError as e:
+        cause: BaseException | None = e.__context__
+        while cause is not None and not isinstance(cause, OSError):
+            cause = cause.__context__
+        if cause is not None:
+            raise cause from e
+        raise
 
 
 def _fsync_dir(path: str) -> None:
