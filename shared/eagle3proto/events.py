@@ -18,7 +18,7 @@ import msgspec
 SCHEMA_VERSION = 1
 
 
-class Event(msgspec.Struct, tag_field="kind", kw_only=True, omit_defaults=True):
+class Event(msgspec.Struct, tag_field="kind", kw_only=True, omit_defaults=True, gc=False):
     """Fields every record carries."""
 
     seq: int = 0
@@ -267,7 +267,7 @@ def decode(payload: bytes | memoryview) -> AnyEvent:
         return unknown
 
 
-def decode_many(payloads: list[memoryview]) -> list[AnyEvent]:
+def decode_many(payloads: list[bytes]) -> list[AnyEvent]:
     """Decode many payloads at once (one C call on the fast path)."""
     if not payloads:
         return []

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import operator
 import os
 import threading
 import time
@@ -161,12 +162,22 @@ def replay(directory: str, sink: Callable[[list[ev.AnyEvent]], None] | None = No
 
 def _check_sequence(batch: list[ev.AnyEvent], run_id: str, first: int) -> int:
     """Number of leading events whose seq runs +1 from ``first`` and whose run matches."""
+    n = len(batch)
+    # Fast path in C: the whole batch is in order and of this run.
+    if list(map(_seq, batch)) == list(range(first, first + n)) and all(
+        map(run_id.__eq__, map(_run, batch))
+    ):
+        return n
     expected = first
     for i, e in enumerate(batch):
         if e.seq != expected or e.run != run_id:
             return i
         expected += 1
     return len(batch)
+
+
+_seq = operator.attrgetter("seq")
+_run = operator.attrgetter("run")
 
 
 def new_run_id() -> str:
