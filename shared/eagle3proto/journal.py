@@ -366,16 +366,20 @@ class JournalWriter:
             self._buf.append(frame)
             self._buf_events.append(event)
             self._buf_bytes += len(frame)
-            self._unpublished[event.seq] = event
+            if self.listener is not None:
+                self._unpublished[event.seq] = event
+            flushed = False
             if durable:
                 self._durable_pending.append(event.seq)
                 self._flush_locked()
             elif self._buf_bytes >= 1 << 16:
                 self._flush_locked()
+                flushed = True
             seq = event.seq
         if durable:
             self._sync_to(seq)
-        else:
+        elif flushed:
+            # Chatty records are published once written; until a flush nothing new is.
             self._emit()
         return event
 
