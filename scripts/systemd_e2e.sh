@@ -8,14 +8,17 @@
 # binding the base Python install, the repo and its .venv read-only at their host paths and a
 # scratch directory read-write at /srv/eagle3d (the unit's default ReadWritePaths=). It installs
 # the unit printed by `eagle3d unit` inside the container and a job on the tiny model, then:
-#   1. start: the unit reaches active and `systemctl status` shows our STATUS line;
-#   2. `systemctl restart` mid-run: the next session resumes (saved never goes back);
-#   3. `kill -9` of the main process: systemd restarts it (NRestarts=1);
+#   0. a job file with an unknown key fails with exit 2 and is not restarted;
+#   1. start: the unit reaches active, `systemctl status` shows our STATUS line, and
+#      `eagle3-top --once --output` attaches over the socket in /run/eagle3d/JOB;
+#   2. `systemctl restart` mid-run: a new main process, and the work goes on;
+#   3. `kill -9` of the main process: systemd restarts it (NRestarts + 1);
 #   4. a hung HF worker (EAGLE3D_FAULT=worker_hang) stops the watchdog pings, systemd logs
-#      "Watchdog timeout", aborts and restarts it (NRestarts=2);
-#   5. `systemctl stop` drains: exit status 0, no stop timeout, "run stopped" in the journal;
+#      "Watchdog timeout", aborts and restarts it (NRestarts + 1);
+#   5. `systemctl stop` drains: exit status 0, no stop timeout, the journal ends "run_stopped";
 #   6. start again and run to the end; `eagle3d verify` passes and every sample file exists
-#      exactly once.
+#      exactly once; no log line carries its own timestamp;
+#   7. starting the finished job again (what happens at every boot) is a clean no-op.
 # --quick uses fewer samples (for CI); --keep leaves the scratch directory for inspection;
 # --rootfs-only just builds the cached container image.
 # Needs root. Installs debootstrap and systemd-container with apt if they are missing.
@@ -231,6 +234,19 @@ journal_has() { C journalctl -u "$UNIT" --no-pager -o cat >"$WORK/journal.txt"; 
 stopped() { case "$(prop ActiveState)" in inactive|failed) return 0 ;; esac; return 1; }
 STEP=$(( SAMPLES / 8 ))
 
+# -- 0. a bad job file fails once, with exit 2, and is not restarted -----------------------
+log "0. a job file with an unknown key (eagle3d@bad)"
+printf '%s\n' 'model = "/srv/eagle3d/model"' 'dataset = "/srv/eagle3d/data.jsonl"' \
+    'output = "/srv/eagle3d/out-bad"' 'bogus_key = 1' >"$WORK/bad.toml"
+C cp /srv/eagle3d/bad.toml /etc/eagle3d/bad.toml
+C systemctl start eagle3d@bad.service 2>/dev/null && die "a bad job file started"
+sleep 2  # a scheduled restart would show as "activating (auto-restart)" for RestartSec=15s
+bad() { C systemctl show -P "$1" eagle3d@bad.service; }
+[ "$(bad ExecMainStatus)" = 2 ] && [ "$(bad Result)" = exit-code ] && [ "$(bad ActiveState)" = failed ] ||
+    die "bad job: status $(bad ExecMainStatus), result $(bad Result), state $(bad ActiveState)"
+[ "$(bad NRestarts)" = 0 ] || die "a config error was restarted"
+log "   failed with exit 2, not restarted (RestartPreventExitStatus=)"
+
 # -- 1. start ------------------------------------------------------------------------------
 log "1. systemctl start $UNIT"
 t=$(date +%s)
@@ -340,6 +356,14 @@ assert not other, f"stray files: {other[:5]}"
 assert len(seen) == len(set(seen)) == n and set(seen) == set(range(n)), (len(seen), n)
 print(f"   {n} samples, each exactly once", file=sys.stderr)
 PY
+# An enabled unit starts again at every boot: a finished job must be a clean no-op then,
+# not a failure (Type=notify: exiting 0 without READY=1 is result 'protocol') or a loop.
+log "7. start the finished job again (as at boot)"
+C systemctl start "$UNIT" || true
+wait_for 120 "the no-op start to end" stopped
+[ "$(prop Result)" = success ] && [ "$(prop ExecMainStatus)" = 0 ] ||
+    die "starting a finished job: result $(prop Result), status $(prop ExecMainStatus)"
+[ "$(prop NRestarts)" = 0 ] || die "starting a finished job restarted it $(prop NRestarts) times"
 # journald stamps lines itself: the daemon must not add its own timestamps.
 C journalctl -u "$UNIT" --no-pager -o cat >"$WORK/journal.txt"
 if grep -Eq '^[0-9]{4}-[0-9]{2}-[0-9]{2}[ T][0-9]{2}:' "$WORK/journal.txt"; then
