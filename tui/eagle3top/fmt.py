@@ -66,14 +66,17 @@ def age(seconds: float | None) -> str:
     return f"{duration(seconds)} ago"
 
 
-def clock_time(ts: float, now: float, tz_offset_s: float | None = None) -> str:
-    """Wall-clock time of ``ts`` as ``HH:MM`` (with the date if not ``now``'s day)."""
+def clock_time(
+    ts: float, now: float, tz_offset_s: float | None = None, seconds: bool = False
+) -> str:
+    """Wall-clock time of ``ts`` as ``HH:MM[:SS]`` (with the date if not ``now``'s day)."""
     off = _tz_offset(ts) if tz_offset_s is None else tz_offset_s
     t = time.gmtime(ts + off)
     n = time.gmtime(now + off)
+    hm = "%H:%M:%S" if seconds else "%H:%M"
     if (t.tm_year, t.tm_yday) == (n.tm_year, n.tm_yday):
-        return time.strftime("%H:%M", t)
-    return time.strftime("%a %d %b %H:%M", t)
+        return time.strftime(hm, t)
+    return time.strftime(f"%a %d %b {hm}", t)
 
 
 def _tz_offset(ts: float) -> float:

@@ -263,10 +263,12 @@ def producer(rows: list[Row], now: float) -> Text:
         t.append(f"  orphans {fmt.count(v.orphans)}")
         if s.stats:
             t.append(
-                f"\ndaemon cpu {s.stats.cpu_percent:.0f}%  rss {fmt.size(s.stats.rss_bytes)}"
-                f"  stats {fmt.age(v.ages.get('stats'))}",
+                f"\ndaemon cpu {s.stats.cpu_percent:.0f}%  rss {fmt.size(s.stats.rss_bytes)}",
                 style=DIM,
             )
+            age = v.ages.get("stats")
+            if age is not None and age > STALE_AFTER_S:  # fresh stats need no repaint each second
+                t.append(f"  stats {fmt.age(age)}", style=WARN)
         if s.recovered:
             t.append(f"\njournal recovered: {s.recovered[-1]}", style=WARN)
     if not t:
@@ -274,7 +276,7 @@ def producer(rows: list[Row], now: float) -> Text:
     return t
 
 
-def errors(rows: list[Row], now: float, limit: int = 12) -> Text:
+def errors(rows: list[Row], now: float, limit: int = 12, tz_offset_s: float | None = None) -> Text:
     items = []
     for r in rows:
         if r.state is None:
@@ -287,7 +289,8 @@ def errors(rows: list[Row], now: float, limit: int = 12) -> Text:
         if t:
             t.append("\n")
         who = f"{label} " if len(rows) > 1 else ""
-        t.append(f"{fmt.duration(now - ts):>8} ago ", style=DIM)
+        # Wall-clock time, not "N s ago": it matches the daemon's log and needs no repaint.
+        t.append(f"{fmt.clock_time(ts, now, tz_offset_s, seconds=True)} ", style=DIM)
         t.append(f"{who}#{e.idx} ")
         t.append(e.error, style=BAD if not e.retry else WARN)
         t.append(f" attempt {e.attempt}{' (retrying)' if e.retry else ''}: {e.message}")
