@@ -102,8 +102,40 @@ def validate(dump: Dump, sent_ids: list[int], hidden_size: int, layers: list[int
         x = getattr(dump, name)
         if not x.is_floating_point():
             raise BadDump(f"{name} has dtype {x.dtype}, want a float type")
-        if not bool(torch.isfinite(x).all()):
+        if not all_finite(x):
             raise BadDump(f"{name} contains NaN or Inf")
+
+
+# (integer view, exponent mask): a float is NaN/Inf exactly when all its exponent bits are set.
+_EXPONENT = {
+    "bfloat16": ("int16", 0x7F80),
+    "float16": ("int16", 0x7C00),
+    "float32": ("int32", 0x7F800000),
+}
+
+
+def all_finite(x: torch.Tensor, chunk: int = 1 << 20) -> bool:
+    """True when no element is NaN or Inf.
+
+    ``torch.isfinite`` on bf16 runs at ~150 MB/s on CPUs without native bf16; testing the
+    exponent bits of an integer view with numpy runs near memory speed and is exact.
+    """
+    import numpy as np
+    import torch
+
+    spec = _EXPONENT.get(str(x.dtype).removeprefix("torch."))
+    if spec is None or x.device.type != "cpu":
+        return bool(torch.isfinite(x).all())
+    bits = x.contiguous().reshape(-1).view(getattr(torch, spec[0])).numpy()
+    mask = spec[1]
+    tmp = np.empty(min(chunk, bits.size), dtype=bits.dtype)
+    for i in range(0, bits.size, chunk):  # cache-sized chunks, one reused temporary
+        part = bits[i : i + chunk]
+        t = tmp[: part.size]
+        np.bitwise_and(part, mask, out=t)
+        if (t == mask).any():
+            return False
+    return True
 
 
 def _own(t: torch.Tensor) -> torch.Tensor:

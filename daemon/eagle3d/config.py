@@ -50,7 +50,7 @@ class JobConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         for key in ("model", "dataset", "output"):
             if not getattr(self, key):
                 raise ConfigError(f"{key} is required (--{key.replace('_', '-')} or `{key} =`)")
-        _choice("backend", self.backend, ("hf", "sglang"))
+        _choice("backend", self.backend, ("hf", "sglang", "synthetic"))
         _choice("on_overflow", self.on_overflow, ("truncate", "skip"))
         _choice("device", self.device, ("auto", "cpu", "cuda"))
         _choice("dtype", self.dtype, ("auto", "float32", "bfloat16", "float16"))
@@ -128,7 +128,11 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
     a("--model", help="model directory (weights + tokenizer + chat template)")
     a("--dataset", help="JSONL dataset")
     a("--output", help="output directory")
-    a("--backend", choices=("hf", "sglang"), help="producer (default hf)")
+    a(
+        "--backend",
+        choices=("hf", "sglang", "synthetic"),
+        help="producer: hf (default), sglang, or synthetic (dumps at memory speed, for sizing disks)",
+    )
     a("--server", help="SGLang server URL (backend sglang)")
     a("--max-length", type=int, dest="max_length", help="token limit per sample (default 2048)")
     a("--on-overflow", choices=("truncate", "skip"), dest="on_overflow")

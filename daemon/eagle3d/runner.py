@@ -370,7 +370,18 @@ class Daemon:
 
     async def _start_producer(self) -> None:
         cfg = self.cfg
-        if cfg.backend == "sglang":
+        if cfg.backend == "synthetic":
+            from .producers.synthetic import SyntheticProducer
+
+            self.producer = SyntheticProducer(
+                dump_dir=self.dump_dir,
+                hidden_size=self.hidden_size,
+                aux_layers=self.layers,
+                dtype=cfg.dtype if cfg.dtype != "auto" else "bfloat16",
+                threads=cfg.workers + 1,
+                window=cfg.concurrency or 8,
+            )
+        elif cfg.backend == "sglang":
             from .producers.sglang import SGLangProducer
 
             self.producer = SGLangProducer(

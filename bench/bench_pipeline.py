@@ -1,0 +1,292 @@
+"""Pipeline benchmarks for ``eagle3d run``; every figure is a ratio against a baseline
+measured in the same run on this machine.
+
+* ``forward``: end-to-end tokens/s of the daemon (HF producer, h256/L8 fp32) against a bare
+  forward loop of the same model and batch policy in one process (no dumps, no commits).
+* ``serial``: daemon samples/s against a re-creation of the serial client of the seed story
+  (send one request, wait for its dump, load it, ``torch.save``, next) on the same producer.
+* ``commit``: committed MB/s with the synthetic producer (dumps at memory speed) against
+  ``dd`` with ``conv=fdatasync`` writing the same number of bytes to the same disk.
+* ``rss``: peak RSS of the daemon process for a small and a 10x larger dataset.
+
+    .venv/bin/python bench/bench_pipeline.py [forward|serial|commit|rss|all] [--markdown]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from importlib import resources
+from pathlib import Path
+
+import psutil
+
+from eagle3proto import events as ev
+from eagle3proto import paths
+from eagle3proto.journal import iter_events
+
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+DEMO = str(resources.files("eagle3d").joinpath("data/demo.jsonl"))
+BATCH_TOKENS = 4096
+WINDOW = 64
+
+
+def build_model(d: Path, layers: int = 8, hidden: int = 256) -> Path:
+    from eagle3d.tinymodel import build_tiny_model
+
+    m = d / f"model-L{layers}-h{hidden}"
+    if not (m / "config.json").exists():
+        build_tiny_model(str(m), layers=layers, hidden=hidden, heads=4, kv_heads=2)
+    return m
+
+
+def encoded_samples(model: Path, dataset: str) -> list[list[int]]:
+    from eagle3d.chat import ChatEncoder
+    from eagle3d.dataset import BadSample, iter_lines, parse_line
+
+    enc = ChatEncoder.from_pretrained(str(model), max_length=2048)
+    out = []
+    for idx, raw in iter_lines(dataset):
+        try:
+            out.append(enc.encode(parse_line(idx, raw)).input_ids)
+        except BadSample:
+            continue
+    return out
+
+
+class RssSampler:
+    """Polls the peak RSS of one process (and, separately, of its children)."""
+
+    def __init__(self, pid: int) -> None:
+        self.proc = psutil.Process(pid)
+        self.peak = 0
+        self.children_peak = 0
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            try:
+                self.peak = max(self.peak, self.proc.memory_info().rss)
+                kids = sum(c.memory_info().rss for c in self.proc.children(recursive=True))
+                self.children_peak = max(self.children_peak, kids)
+            except psutil.Error:
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._t.join()
+
+
+def run_daemon(model: Path, dataset: str, out: Path, *extra: str) -> dict[str, float]:
+    """Run ``eagle3d run``; rates over the working span (first send .. finish) from the journal."""
+    cmd = [sys.executable, "-m", "eagle3d", "run", "--model", str(model), "--dataset", dataset]
+    cmd += ["--output", str(out), "--dump-dir", str(out) + "-dumps", "--socket", str(out) + ".sock", *extra]
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    rss = RssSampler(proc.pid)
+    _, err = proc.communicate()
+    rss.stop()
+    wall = time.monotonic() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"eagle3d run failed ({proc.returncode}): {err[-2000:]}")
+    evs, _ = iter_events(paths.journal_dir(str(out), paths.Shard()))
+    first = next(e.ts for e in evs if isinstance(e, ev.SampleSent))
+    end = next(e.ts for e in reversed(evs) if isinstance(e, ev.RunFinished))
+    saved = [e for e in evs if isinstance(e, ev.SampleSaved)]
+    span = end - first
+    return {
+        "samples": len(saved),
+        "tokens": sum(e.tokens for e in saved),
+        "bytes": sum(e.bytes for e in saved),
+        "span": span,
+        "wall": wall,
+        "samples_s": len(saved) / span,
+        "tokens_s": sum(e.tokens for e in saved) / span,
+        "mb_s": sum(e.bytes for e in saved) / span / 1e6,
+        "rss": rss.peak,
+        "children_rss": rss.children_peak,
+    }
+
+
+def bare_forward(model: Path, samples: list[list[int]]) -> float:
+    """Tokens/s of the worker's batch policy and capture, in-process, without dumps."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from eagle3d.producers.hf_worker import Capture, plan_batches
+
+    m = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32).eval()
+    n = m.config.num_hidden_layers
+    cap = Capture(m, [2, n // 2, n - 3])
+    tokens = 0
+    t = time.perf_counter()
+    for w in range(0, len(samples), WINDOW):
+        window = {str(i): s for i, s in enumerate(samples[w : w + WINDOW])}
+        for batch in plan_batches({k: len(v) for k, v in window.items()}, BATCH_TOKENS):
+            seqs = [window[r] for r in batch]
+            longest = max(map(len, seqs))
+            ids = torch.zeros((len(seqs), longest), dtype=torch.long)
+            mask = torch.zeros_like(ids)
+            for i, s in enumerate(seqs):
+                ids[i, : len(s)] = torch.tensor(s)
+                mask[i, : len(s)] = 1
+            with torch.inference_mode():
+                out = m.model(input_ids=ids, attention_mask=mask, use_cache=False)
+            aux = torch.cat([cap.states[i] for i in cap.layers], dim=-1)
+            for i, s in enumerate(seqs):  # the per-sample cut the worker makes
+                aux[i, : len(s)].contiguous()
+                out.last_hidden_state[i, : len(s)].contiguous()
+            tokens += sum(map(len, seqs))
+    return tokens / (time.perf_counter() - t)
+
+
+def serial_client(model: Path, samples: list[list[int]], out: Path) -> float:
+    """The seed story's loop: one request, wait for its dump, load, torch.save, next."""
+    import msgspec
+    import torch
+
+    from eagle3d.dump import dump_path, read_dump
+    from eagle3proto.codec import encode_frame
+    from eagle3proto.wire import FrameBuffer
+
+    dump_dir = out / "serial-dumps"
+    dump_dir.mkdir(parents=True)
+    cmd = [sys.executable, "-m", "eagle3d.producers.hf_worker", "--model", str(model)]
+    cmd += ["--dump-dir", str(dump_dir), "--batch-tokens", str(BATCH_TOKENS)]
+    w = subprocess.Popen(cmd, env=ENV, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert w.stdin is not None and w.stdout is not None
+    frames = FrameBuffer()
+    dec = msgspec.msgpack.Decoder(dict)
+
+    def wait_for(op: str) -> None:
+        assert w.stdout is not None
+        while True:
+            for p in frames.feed(os.read(w.stdout.fileno(), 1 << 16)):
+                if dec.decode(p).get("op") == op:
+                    return
+
+    wait_for("ready")
+    t = time.perf_counter()
+    for i, ids in enumerate(samples):
+        rid = f"serial-{i}"
+        w.stdin.write(encode_frame(msgspec.msgpack.encode({"op": "req", "rid": rid, "ids": ids})))
+        w.stdin.flush()
+        path = dump_path(str(dump_dir), rid)
+        while not os.path.exists(path):
+            time.sleep(0.001)
+        d = read_dump(path)
+        torch.save(
+            {
+                "input_ids": d.input_ids,
+                "loss_mask": torch.ones_like(d.input_ids),
+                "hidden_state": d.hidden_state[None],
+                "aux_hidden_state": d.aux_hidden_state[None],
+            },
+            out / f"serial_{i}.ckpt",
+        )
+        os.unlink(path)
+    rate = len(samples) / (time.perf_counter() - t)
+    w.stdin.close()
+    w.wait()
+    return rate
+
+
+def big_model_dir(d: Path, hidden: int, layers: int, tokenizer_from: Path) -> Path:
+    """config.json of a big model plus the tiny tokenizer: enough for the synthetic producer."""
+    m = d / f"config-only-h{hidden}"
+    m.mkdir(exist_ok=True)
+    for f in tokenizer_from.iterdir():
+        if f.name.startswith(("tokenizer", "chat_template", "special_tokens")):
+            shutil.copy(f, m / f.name)
+    cfg = json.loads((tokenizer_from / "config.json").read_text())
+    cfg.update(hidden_size=hidden, num_hidden_layers=layers)
+    (m / "config.json").write_text(json.dumps(cfg))
+    return m
+
+
+def pretokenized(path: Path, n: int, tokens: int, vocab: int, seed: int = 0) -> str:
+    rnd = random.Random(seed)
+    with open(path, "w") as f:
+        for _ in range(n):
+            ids = [rnd.randrange(7, vocab) for _ in range(tokens)]
+            f.write(json.dumps({"input_ids": ids, "loss_mask": [i % 2 for i in range(tokens)]}) + "\n")
+    return str(path)
+
+
+def dd_rate(d: Path, nbytes: int) -> float:
+    target = d / "dd.bin"
+    count = max(1, nbytes // (16 << 20))
+    t = time.perf_counter()
+    subprocess.run(
+        ["dd", "if=/dev/zero", f"of={target}", "bs=16M", f"count={count}", "conv=fdatasync"],
+        check=True,
+        capture_output=True,
+    )
+    rate = count * (16 << 20) / (time.perf_counter() - t) / 1e6
+    target.unlink()
+    return rate
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("which", nargs="?", default="all", choices=("forward", "serial", "commit", "rss", "all"))
+    p.add_argument("--markdown", action="store_true")
+    p.add_argument("--dir", default=None)
+    args = p.parse_args()
+    base = Path(args.dir or tempfile.mkdtemp(prefix="bench-pipeline-", dir=os.path.dirname(os.path.abspath(__file__))))
+    base.mkdir(parents=True, exist_ok=True)
+    rows: list[tuple[str, str, str, str]] = []
+    try:
+        model = build_model(base)
+        if args.which in ("forward", "serial", "all"):
+            samples = encoded_samples(model, DEMO)
+            d = run_daemon(model, DEMO, base / "out-daemon", "--batch-tokens", str(BATCH_TOKENS), "--concurrency", str(WINDOW))
+            if args.which in ("forward", "all"):
+                bare = bare_forward(model, samples)
+                rows.append(("end-to-end tokens/s, HF producer h256/L8 fp32, 297 demo samples",
+                             f"{d['tokens_s']:,.0f} tok/s", f"bare forward loop, same batch policy: {bare:,.0f} tok/s",
+                             f"{d['tokens_s'] / bare:.2f}"))
+            if args.which in ("serial", "all"):
+                sub = samples[:60]
+                serial = serial_client(model, sub, base / "serial")
+                rows.append(("samples/s, daemon (same run as above)", f"{d['samples_s']:.1f} samples/s",
+                             f"serial client (send, wait, load, torch.save), 60 samples: {serial:.1f} samples/s",
+                             f"{d['samples_s'] / serial:.1f}"))
+            rows.append(("peak RSS, daemon process / HF worker", f"{d['rss'] / 2**20:.0f} MiB / {d['children_rss'] / 2**20:.0f} MiB", "", ""))
+        if args.which in ("commit", "all"):
+            big = big_model_dir(base, 4096, 32, model)
+            data = pretokenized(base / "big.jsonl", 48, 1024, 1000)
+            c = run_daemon(big, data, base / "out-commit", "--backend", "synthetic", "--commit-threads", "3", "--concurrency", "6")
+            dd = dd_rate(base, int(c["bytes"]))
+            rows.append((f"committed MB/s, synthetic producer, {c['samples']} samples x {c['bytes'] / c['samples'] / 1e6:.0f} MB (bf16, H=4096)",
+                         f"{c['mb_s']:,.0f} MB/s", f"dd bs=16M conv=fdatasync, same bytes: {dd:,.0f} MB/s", f"{c['mb_s'] / dd:.2f}"))
+        if args.which in ("rss", "all"):
+            big = big_model_dir(base, 512, 8, model)
+            res = []
+            for n in (500, 5000):
+                data = pretokenized(base / f"small-{n}.jsonl", n, 64, 1000, seed=n)
+                r = run_daemon(big, data, base / f"out-rss-{n}", "--backend", "synthetic", "--concurrency", "32")
+                res.append((n, r["rss"]))
+            rows.append(("peak RSS of the daemon, synthetic producer", f"{res[0][1] / 2**20:.0f} MiB at {res[0][0]:,} samples",
+                         f"{res[1][1] / 2**20:.0f} MiB at {res[1][0]:,} samples", f"{res[1][1] / res[0][1]:.2f}"))
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    if args.markdown:
+        print("| measurement | result | baseline (same run) | ratio |\n|---|---|---|---|")
+    for r in rows:
+        print(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} |" if args.markdown else "  ".join(r))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
