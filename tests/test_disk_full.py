@@ -11,14 +11,13 @@ filesystem grows (``mount -o remount,size=...``).
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -101,3 +100,123 @@ def test_commit_enospc_through_the_writer_seam(
         c.commit(3, list(range(t)), [1] * t, _dump(t))
     assert ei.value.errno == errno.ENOSPC, repr(ei.value)
     assert [p.name for p in tmp_path.rglob("*") if p.is_file()] == []
+
+
+@pytest.fixture
+def tmpfs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
+    """Mount tmpfs filesystems of a given size (skipped where this process may not mount)."""
+    mounted: list[Path] = []
+
+    def mount(size: str) -> Path:
+        mnt = tmp_path / f"mnt{len(mounted)}"
+        if os.geteuid() != 0 or not _mount(mnt, size):
+            pytest.skip("cannot mount a tmpfs here (needs root)")
+        mounted.append(mnt)
+        return mnt
+
+    try:
+        yield mount
+    finally:
+        for mnt in mounted:
+            _umount(mnt)
+
+
+def test_daemon_pauses_on_a_full_disk_and_resumes_when_it_grows(
+    tiny_model_dir: Path, tmpfs: Callable[[str], Path], tmp_path: Path
+) -> None:
+    one_mib_fs = tmpfs("1m")
+    data, out = tmp_path / "data.jsonl", one_mib_fs / "out"
+    valid, malformed = runkit.dataset(data, 30)  # ~2.5 MB of samples for a 1 MiB filesystem
+    proc = runkit.start(
+        tiny_model_dir, data, out, "--dump-dir", str(tmp_path / "dumps"), log=tmp_path / "log"
+    )
+    try:
+        runkit.wait_for(
+            lambda: any(r.get("state") == "paused" for r in runkit.records(out, "run_state")),
+            90,
+            "a run_state paused record",
+        )
+        paused = [r for r in runkit.records(out, "run_state") if r.get("state") == "paused"]
+        assert "disk full" in paused[0]["reason"] and str(out) in paused[0]["reason"], paused
+        time.sleep(3)
+        assert proc.poll() is None, "the daemon must pause, not exit"
+
+        c = runkit.check(out)
+        assert not c.bad, c.bad
+        assert c.temp_files == 0, "a failed commit must not leave its temp file"
+        assert not c.torn_tail, "no partial frame at the end of the journal"
+        assert c.failed <= malformed, "a full disk must not fail samples"
+        assert len(c.saved) < len(valid)
+
+        top = subprocess.run(
+            [sys.executable, "-m", "eagle3top.cli", "--once", "--output", str(out)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        print(top.stdout)
+        assert top.returncode == 2, (top.returncode, top.stdout, top.stderr[-1000:])  # CRITICAL
+        assert "disk" in top.stdout.lower()
+
+        subprocess.run(["mount", "-o", "remount,size=64m", str(one_mib_fs)], check=True)
+        assert proc.wait(timeout=120) == 0, (tmp_path / "log").read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    states = [r.get("state") for r in runkit.records(out, "run_state")]
+    assert states[:2] == ["paused", "running"], states
+    runkit.assert_complete(out, valid, malformed)
+
+
+def _fill(directory: Path) -> Path:
+    """Take every free byte of ``directory``'s filesystem with one file."""
+    filler = directory / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        block = b"\0" * 65536
+        while True:
+            try:
+                if os.write(fd, block) < len(block):
+                    block = block[:4096] if len(block) > 4096 else block[:1]
+            except OSError as e:
+                if e.errno != errno.ENOSPC or len(block) == 1:
+                    break
+                block = block[: max(1, len(block) // 16)]
+    finally:
+        os.close(fd)
+    return filler
+
+
+def test_journal_and_output_both_full_then_a_file_is_deleted(
+    tiny_model_dir: Path, tmpfs: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """A filler takes every byte, so even the journal cannot append: the daemon must still
+    pause without failing samples or tearing a frame, and go on once the filler is deleted,
+    even though the freed space is less than twice all the dumps waiting to be committed."""
+    fs = tmpfs("4m")
+    data, out = tmp_path / "data.jsonl", fs / "out"
+    valid, malformed = runkit.dataset(data, 40)
+    proc = runkit.start(
+        tiny_model_dir, data, out, "--dump-dir", str(tmp_path / "dumps"), log=tmp_path / "log"
+    )
+    try:
+        runkit.wait_for(lambda: runkit.records(out, "sample_saved"), 90, "a saved sample")
+        filler = _fill(fs)
+        time.sleep(6)
+        assert proc.poll() is None, (tmp_path / "log").read_text()[-3000:]
+        c = runkit.check(out)
+        assert not c.bad, c.bad
+        assert not c.torn_tail and c.temp_files == 0
+        assert c.failed <= malformed, "a full disk must not fail samples"
+        log = (tmp_path / "log").read_text()
+        print("paused in the journal:", runkit.records(out, "run_state"))
+        if len(c.saved | c.failed) < len(valid | malformed):
+            assert "paused: disk full" in log  # at least the log and STATUS say it
+        filler.unlink()
+        assert proc.wait(timeout=120) == 0, (tmp_path / "log").read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    runkit.assert_complete(out, valid, malformed)
