@@ -14,7 +14,10 @@ on 127.0.0.1 only, and serves
   (Prometheus text, only with ``--enable-metrics``), ``GET /health`` (runs a generation unless
   ``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false``, as SGLang 0.5.21 does).
 
-``--exit-after N`` makes the process die abruptly after N answered generations (restart tests).
+``--exit-after N`` makes the process die abruptly (``os._exit``) when the engine picks up its
+next batch after N answered generations: the requests then waiting or in that batch get their
+connections reset; dumps of requests already answered are on disk (the writer is drained
+first, so the test does not wait on the daemon's request timeout for a dump lost in between).
 It is also importable as ``sglang.launch_server`` through a shim (see the integration test), so
 ``eagle3d serve-sglang`` can supervise it.
 """
@@ -60,6 +63,8 @@ class Engine:
         self.prompt_tokens = 0
         self.generations = 0
         self.health_generations = 0
+        self.answered = 0
+        self.exit_after = args.exit_after
         threading.Thread(target=self._loop, daemon=True, name="engine").start()
 
     def generate(self, rid: str, ids: list[int]) -> int:
@@ -76,6 +81,11 @@ class Engine:
     def _loop(self) -> None:
         while True:
             batch = [self.inbox.get()]
+            if self.exit_after and self.answered >= self.exit_after:
+                for m in self.model.modules():  # the hook's writer: answered dumps reach the disk
+                    for h in m._forward_hooks.values():
+                        getattr(getattr(h, "writer", None), "drain", lambda: None)()
+                os._exit(17)  # a crash mid-run: in-flight requests get their connections reset
             time.sleep(0.005)  # let concurrent arrivals join the batch
             while True:
                 try:
@@ -103,7 +113,6 @@ def make_handler(
 ) -> type[BaseHTTPRequestHandler]:
     inflight: set[str] = set()
     lock = threading.Lock()
-    answered = [0]
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -190,10 +199,8 @@ def make_handler(
                 "finish_reason": {"type": "length", "length": 1},
             }
             self._send(200, {"text": "", "output_ids": [token], "meta_info": meta})
-            with lock:
-                answered[0] += 1
-                if args.exit_after and answered[0] >= args.exit_after:
-                    os._exit(17)  # a crash: no cleanup, connections reset
+            with engine.lock:
+                engine.answered += 1
 
     return Handler
 

@@ -35,6 +35,7 @@ parallelism are refused at load time (the aux states of other stages/ranks are n
 from __future__ import annotations
 
 import array
+import atexit
 import hashlib
 import inspect
 import logging
@@ -240,13 +241,20 @@ class Writer:
         self.errors = 0
         self.thread = threading.Thread(target=self._run, name="eagle3d-dump-writer", daemon=True)
         self.thread.start()
+        # On a normal interpreter exit, finish what is queued (bounded) rather than lose dumps
+        # of requests already answered.
+        atexit.register(self.close, 30.0)
 
     def put(self, batch: Batch) -> None:
         self.queue.put(batch)  # blocks only when max_pending batches are waiting: back-pressure
 
     def close(self, timeout: float | None = None) -> None:
-        self.queue.put(None)
-        self.thread.join(timeout)
+        if self.thread.is_alive():
+            try:
+                self.queue.put(None, timeout=timeout)
+            except queue.Full:  # a writer stuck on a dead disk: give up, do not hang the exit
+                return
+            self.thread.join(timeout)
 
     def drain(self) -> None:
         """Wait until everything queued so far is written (tests, shutdown)."""

@@ -21,7 +21,6 @@ into :meth:`health` ``detail``: prompt tokens total and rate, running and queued
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import random
@@ -346,8 +345,12 @@ class SGLangProducer(Producer):
         assert self.client is not None
         while True:
             await asyncio.sleep(self.poll_interval)
-            with contextlib.suppress(httpx.HTTPError, ValueError):
+            try:
                 await self.poll_once(time.monotonic())
+            except (httpx.HTTPError, ValueError):
+                pass  # down is reported by poll_once; the next round tries again
+            except Exception:  # never let the poller die: the monitor would show stale numbers
+                log.exception("sglang producer: reading /server_info or /metrics failed")
 
     async def poll_once(self, now: float) -> None:
         """One read of /server_info and /metrics into ``detail`` (``now``: monotonic seconds)."""
