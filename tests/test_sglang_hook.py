@@ -126,6 +126,20 @@ def test_packed_batch_of_different_lengths_equals_hf(models: Any, tmp_path: Path
     assert cap.forwards == 1 and len(out) == 4  # one packed extend forward
 
 
+def test_eight_layers_default_2_4_5_equals_hf(
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
+    from eagle3d.tinymodel import build_tiny_model
+
+    model, hf = st.load_standin(build_tiny_model(tmp_path_factory.mktemp("tiny8"), layers=8))
+    cap = install(model, tmp_path)
+    assert cap.layers == [2, 4, 5] and model.model.layers_to_capture == [2, 4, 5]
+    reqs = prompts(3, [33, 2, 14], seed=6)
+    st.Scheduler(model, chunk=16).run(send(reqs))
+    cap.writer.drain()  # type: ignore[union-attr]
+    check_dumps(tmp_path, hf, reqs, [2, 4, 5])
+
+
 def test_explicit_aux_layers_in_any_order(models: Any, tmp_path: Path) -> None:
     model, hf = fresh(models), models[1]
     cap = install(model, tmp_path, [3, 1, 3])
