@@ -184,3 +184,61 @@ def test_stop_mid_run_then_resume(sig: int, tiny_model_dir: Path, tmp_path: Path
         timeout=60,
     )
     assert v.returncode == 0, v.stdout
+
+
+def test_two_shards_run_concurrently_into_one_output(tiny_model_dir: Path, tmp_path: Path) -> None:
+    data = write_jsonl(tmp_path / "d.jsonl", conversations(30, seed=3))
+    out = tmp_path / "out"
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "eagle3d",
+                "run",
+                "--model",
+                str(tiny_model_dir),
+                "--dataset",
+                str(data),
+                "--output",
+                str(out),
+                "--shard",
+                f"{i}/2",
+                "--dump-dir",
+                str(tmp_path / f"dumps{i}"),
+            ],
+            env=ENV,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    for p in procs:
+        assert p.wait(timeout=120) == 0, p.stdout.read() if p.stdout else ""
+    for i in range(2):
+        saved = [e.idx for e in events(out, paths.Shard(i, 2)) if isinstance(e, ev.SampleSaved)]
+        assert sorted(saved) == list(range(i, 30, 2))
+    v = subprocess.run(
+        [sys.executable, "-m", "eagle3d", "verify", "--output", str(out), "--json"],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    doc = json.loads(v.stdout)
+    assert v.returncode == 0 and doc["saved"] == 30 and len(doc["shards"]) == 2
+
+
+def test_second_daemon_on_the_same_shard_is_refused(tiny_model_dir: Path, tmp_path: Path) -> None:
+    data = write_jsonl(tmp_path / "d.jsonl", conversations(60))
+    out = tmp_path / "out"
+    first = start(tiny_model_dir, data, out, "--batch-tokens", "256", "--concurrency", "2")
+    try:
+        wait_for_saved(out, 1, first)
+        second = run(tiny_model_dir, data, out)
+        assert second.returncode == 5
+        assert "another eagle3d" in second.stderr and "shard-0-of-1.lock" in second.stderr
+    finally:
+        first.terminate()
+        first.wait(timeout=60)

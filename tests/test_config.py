@@ -1,0 +1,91 @@
+"""Job configuration: TOML + flags, errors that name the key, shard resolution."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from eagle3d import config
+from eagle3d.config import ConfigError, JobConfig
+from eagle3proto.paths import Shard
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    config.add_job_arguments(p)
+    return p.parse_args(argv)
+
+
+def write(tmp_path: Path, text: str) -> str:
+    f = tmp_path / "job.toml"
+    f.write_text(text)
+    return str(f)
+
+
+def test_flags_override_the_file(tmp_path: Path) -> None:
+    job = write(tmp_path, 'model = "/m"\ndataset = "/d.jsonl"\noutput = "/o"\nmax_length = 512\n')
+    cfg = config.from_args(parse("--config", job, "--max-length", "64", "--aux-layers", "1,2,3"))
+    assert (cfg.model, cfg.max_length, cfg.aux_layers) == ("/m", 64, [1, 2, 3])
+    assert cfg.backend == "hf" and cfg.max_attempts == 3  # defaults fill the rest
+
+
+def test_every_flag_is_a_toml_key() -> None:
+    dests = {a.dest for a in argparse.ArgumentParser()._actions}
+    p = argparse.ArgumentParser()
+    config.add_job_arguments(p)
+    flags = {a.dest for a in p._actions} - dests - {"config"}
+    assert flags == set(config.FIELDS)
+
+
+def test_unknown_key_is_named(tmp_path: Path) -> None:
+    job = write(tmp_path, 'model = "/m"\ndataset = "/d"\noutput = "/o"\nbatch_tokenz = 5\n')
+    with pytest.raises(ConfigError, match=r"job\.toml: unknown key 'batch_tokenz'"):
+        config.from_args(parse("--config", job))
+
+
+def test_wrong_type_is_named(tmp_path: Path) -> None:
+    job = write(tmp_path, 'model = "/m"\ndataset = "/d"\noutput = "/o"\nmax_length = "long"\n')
+    with pytest.raises(ConfigError, match=r"job\.toml: .*max_length"):
+        config.from_args(parse("--config", job))
+
+
+def test_toml_syntax_error_names_file_and_line(tmp_path: Path) -> None:
+    job = write(tmp_path, 'model = "/m"\ndataset = \n')
+    with pytest.raises(ConfigError, match=r"job\.toml: .*line 2"):
+        config.from_args(parse("--config", job))
+
+
+def test_missing_required_and_bad_values() -> None:
+    with pytest.raises(ConfigError, match="model is required"):
+        config.build({}, {"dataset": "/d", "output": "/o"})
+    with pytest.raises(ConfigError, match="server"):
+        config.build({}, {"model": "/m", "dataset": "/d", "output": "/o", "backend": "sglang"})
+    with pytest.raises(ConfigError, match="3 layer ids"):
+        config.build({}, {"model": "/m", "dataset": "/d", "output": "/o", "aux_layers": [1, 2]})
+    with pytest.raises(ConfigError, match="shard"):
+        config.build({}, {"model": "/m", "dataset": "/d", "output": "/o", "shard": "3/2"})
+
+
+def test_shard_from_flag_then_slurm_then_torchrun() -> None:
+    cfg = JobConfig(model="m", dataset="d", output="o")
+    assert cfg.shard_spec({}) == Shard(0, 1)
+    assert cfg.shard_spec({"SLURM_ARRAY_TASK_ID": "3", "SLURM_ARRAY_TASK_COUNT": "8"}) == Shard(
+        3, 8
+    )
+    assert cfg.shard_spec({"RANK": "1", "WORLD_SIZE": "4"}) == Shard(1, 4)
+    both = {
+        "SLURM_ARRAY_TASK_ID": "2",
+        "SLURM_ARRAY_TASK_COUNT": "4",
+        "RANK": "0",
+        "WORLD_SIZE": "2",
+    }
+    assert cfg.shard_spec(both) == Shard(2, 4)
+    cfg.shard = "1/2"
+    assert cfg.shard_spec(both) == Shard(1, 2)
+
+
+def test_default_aux_layers_follow_sglang() -> None:
+    assert config.default_aux_layers(61) == [2, 30, 58]  # DeepSeek-V3 / Kimi-K2.5
+    assert config.default_aux_layers(32) == [2, 16, 29]
