@@ -6,7 +6,6 @@ import argparse
 from pathlib import Path
 
 import pytest
-
 from eagle3d import config
 from eagle3d.config import ConfigError, JobConfig
 from eagle3proto.paths import Shard
