@@ -18,7 +18,8 @@ request counter sees, and why it runs ahead of ``saved``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import msgspec
 
@@ -85,7 +86,7 @@ def new_state() -> ShardState:
     return ShardState()
 
 
-def apply(s: ShardState, e: ev.AnyEvent) -> None:
+def apply(s: ShardState, e: ev.Event | ev.Unknown) -> None:
     """Fold one event into the state (in place)."""
     s.seq = e.seq
     s.run = e.run
@@ -100,7 +101,7 @@ def apply(s: ShardState, e: ev.AnyEvent) -> None:
     handler(s, e)
 
 
-def apply_all(s: ShardState, events: Iterable[ev.AnyEvent]) -> ShardState:
+def apply_all(s: ShardState, events: Iterable[ev.Event | ev.Unknown]) -> ShardState:
     for e in events:
         apply(s, e)
     return s
@@ -235,7 +236,7 @@ def _recovered(s: ShardState, e: ev.Recovered) -> None:
     s.recovered.append(f"{e.segment}@{e.offset}: {e.reason}, {e.dropped_bytes} bytes set aside")
 
 
-_HANDLERS = {
+_HANDLERS: dict[str, Callable[[ShardState, Any], None]] = {
     "run_started": _run_started,
     "sample_sent": _sent,
     "sample_dumped": _dumped,

@@ -125,10 +125,10 @@ class Worker:
 
     def read_stdin(self) -> None:
         frames = FrameBuffer()
-        stream = sys.stdin.buffer
+        fd = sys.stdin.fileno()
         decode = msgspec.msgpack.Decoder(dict[str, Any]).decode
         while True:
-            chunk = stream.read1(1 << 16)
+            chunk = os.read(fd, 1 << 16)
             if not chunk:
                 self.inbox.put(None)
                 return
