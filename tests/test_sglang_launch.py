@@ -119,3 +119,51 @@ def test_serve_returns_the_server_exit_status(tmp_path: Path) -> None:
         )
         == 137
     )
+
+
+def test_default_layers_from_a_local_model_directory(tmp_path: Path, tiny_model_dir: Path) -> None:
+    n = json.loads((tiny_model_dir / "config.json").read_text())["num_hidden_layers"]
+    assert sl.default_layers(str(tiny_model_dir)) == [2, n // 2, n - 3]
+    (tmp_path / "vl").mkdir()
+    (tmp_path / "vl" / "config.json").write_text(
+        json.dumps({"text_config": {"num_hidden_layers": 61}})
+    )
+    assert sl.default_layers(str(tmp_path / "vl")) == [2, 30, 58]  # Kimi-K2.5-style nesting
+    assert sl.default_layers("moonshotai/Kimi-K2.5") is None and sl.default_layers(None) is None
+    assert sl.model_path_of(["--tp", "8", "--model-path=/m"]) == "/m"
+
+
+def test_serve_writes_the_model_default_layers_into_the_spec(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert (
+        main(
+            [
+                "serve-sglang",
+                "--dump-dir",
+                str(tmp_path),
+                "--dry-run",
+                "--",
+                "--model-path",
+                str(tiny_model_dir),
+            ]
+        )
+        == 0
+    )
+    cmd = shlex.split(capsys.readouterr().out)[1:]
+    assert spec_of(cmd)["config"]["aux_layers"] == sl.default_layers(str(tiny_model_dir))  # type: ignore[index]
+    assert (
+        main(
+            [
+                "sglang-args",
+                "--dump-dir",
+                str(tmp_path),
+                "--model-path",
+                str(tiny_model_dir),
+                "--aux-layers",
+                "1,2",
+            ]
+        )
+        == 0
+    )
+    assert spec_of(shlex.split(capsys.readouterr().out))["config"]["aux_layers"] == [1, 2]  # type: ignore[index]

@@ -58,6 +58,31 @@ def extra_args(
     return ["--forward-hooks", json.dumps([spec], separators=(",", ":")), *FIXED_ARGS]
 
 
+def default_layers(model_path: str | None) -> list[int] | None:
+    """``[2, L//2, L-3]`` from a local model directory's config.json, else None.
+
+    Writing the layers into the hook spec lets the client compare them with its job at start-up
+    (a mismatch would otherwise fail every dump). A hub id or an unreadable config leaves the
+    choice to the hook, which asks the model for its EAGLE-3 default.
+    """
+    if not model_path:
+        return None
+    try:
+        with open(os.path.join(model_path, "config.json"), encoding="utf-8") as f:
+            cfg = json.load(f)
+        n = int(cfg.get("text_config", cfg)["num_hidden_layers"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return [2, n // 2, n - 3]
+
+
+def model_path_of(user_args: list[str]) -> str | None:
+    ns = argparse.ArgumentParser(add_help=False)
+    ns.add_argument("--model-path", "--model")
+    known, _ = ns.parse_known_args(user_args)
+    return known.model_path
+
+
 def conflicts(user_args: list[str]) -> list[str]:
     """Human reasons for user arguments that cannot be combined with the capture."""
     out = []
@@ -187,12 +212,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if bad:
         print("eagle3d serve-sglang: cannot combine with: " + "; ".join(bad), file=sys.stderr)
         return 2
-    if not any(a.split("=", 1)[0] == "--model-path" for a in user):
+    if model_path_of(user) is None:
         print("eagle3d serve-sglang: give SGLang's --model-path after --", file=sys.stderr)
         return 2
     os.makedirs(args.dump_dir, exist_ok=True)
     env = {**os.environ, **HEALTH_ENV, "PYTHONUNBUFFERED": "1"}
-    cmd = command(args.python, user, args.dump_dir, args.aux_layers, args.max_pending)
+    layers = args.aux_layers or default_layers(model_path_of(user))
+    cmd = command(args.python, user, args.dump_dir, layers, args.max_pending)
     if args.dry_run:
         print(" ".join(f"{k}={v}" for k, v in HEALTH_ENV.items()), shlex.join(cmd))
         return 0
@@ -201,7 +227,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_args(args: argparse.Namespace) -> int:
-    extra = extra_args(args.dump_dir, args.aux_layers, args.max_pending)
+    layers = args.aux_layers or default_layers(args.model_path)
+    extra = extra_args(args.dump_dir, layers, args.max_pending)
     if args.format == "json":
         print(json.dumps({"args": extra, "env": HEALTH_ENV}))
     else:
@@ -233,5 +260,8 @@ def register(subparsers: Any) -> None:
         help="print the SGLang arguments the capture needs (for your own launcher)",
     )
     _common(q)
+    q.add_argument(
+        "--model-path", help="local model directory: writes its default aux layers into the spec"
+    )
     q.add_argument("--format", choices=("shell", "json"), default="shell")
     q.set_defaults(func=_cmd_args)
