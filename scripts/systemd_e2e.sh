@@ -356,6 +356,18 @@ assert not other, f"stray files: {other[:5]}"
 assert len(seen) == len(set(seen)) == n and set(seen) == set(range(n)), (len(seen), n)
 print(f"   {n} samples, each exactly once", file=sys.stderr)
 PY
+# journald stamps lines itself: the daemon must not add its own timestamps.
+C journalctl -u "$UNIT" --no-pager -o cat >"$WORK/journal.txt"
+if grep -Eq '^[0-9]{4}-[0-9]{2}-[0-9]{2}[ T][0-9]{2}:' "$WORK/journal.txt"; then
+    die "log lines carry their own timestamps under journald"
+fi
+# The <N> priority prefixes are consumed by journald (a literal one means they were not).
+if grep -Eq '^<[0-7]>' "$WORK/journal.txt"; then
+    die "syslog priority prefixes reached the journal text"
+fi
+C journalctl -u "$UNIT" --no-pager -o verbose -p info -g 'producer up' >"$WORK/prio.txt" || true
+grep -q 'PRIORITY=6' "$WORK/prio.txt" || die "an INFO line did not get journal priority 6"
+log "   journal: no duplicate timestamps, syslog priorities applied"
 # An enabled unit starts again at every boot: a finished job must be a clean no-op then,
 # not a failure (Type=notify: exiting 0 without READY=1 is result 'protocol') or a loop.
 log "7. start the finished job again (as at boot)"
@@ -364,10 +376,5 @@ wait_for 120 "the no-op start to end" stopped
 [ "$(prop Result)" = success ] && [ "$(prop ExecMainStatus)" = 0 ] ||
     die "starting a finished job: result $(prop Result), status $(prop ExecMainStatus)"
 [ "$(prop NRestarts)" = 0 ] || die "starting a finished job restarted it $(prop NRestarts) times"
-# journald stamps lines itself: the daemon must not add its own timestamps.
-C journalctl -u "$UNIT" --no-pager -o cat >"$WORK/journal.txt"
-if grep -Eq '^[0-9]{4}-[0-9]{2}-[0-9]{2}[ T][0-9]{2}:' "$WORK/journal.txt"; then
-    die "log lines carry their own timestamps under journald"
-fi
 log "start, restart, kill -9, watchdog, drain and finish all passed"
 log "PASS"
