@@ -112,7 +112,8 @@ class Attention(nn.Module):
         out = torch.zeros(
             hidden_states.shape[0], self.heads * self.head_dim, dtype=hidden_states.dtype
         )
-        for j, rid in enumerate(fb.rids):
+        for j in range(fb.batch_size):
+            rid = fb.rids[j] if fb.rids else f"#{j}"  # KV slot; real SGLang uses req_pool_indices
             s, n = fb.extend_start_loc[j].item(), fb.extend_seq_lens_cpu[j]
             x = hidden_states[s : s + n]
             pos = positions[s : s + n]

@@ -211,6 +211,28 @@ def test_decode_forwards_are_ignored(models: Any, tmp_path: Path) -> None:
     assert os.listdir(tmp_path) == [] and cap.forwards == 0
 
 
+def test_batches_without_our_rids_or_without_rids_are_skipped(models: Any, tmp_path: Path) -> None:
+    model = fresh(models)
+    cap = install(model, tmp_path)
+    fb = st.make_batch([("warmup", [5, 6], 0), ("HEALTH_CHECK_1", [0], 0)], {})
+    model(fb.input_ids, fb.positions, fb)
+    fb = st.make_batch([("x", [5, 6], 0)], {})
+    fb.rids = None  # type: ignore[assignment]
+    model(fb.input_ids, fb.positions, fb)
+    cap.writer.drain()  # type: ignore[union-attr]
+    assert os.listdir(tmp_path) == [] and cap.forwards == 2
+
+
+def test_inconsistent_forward_batch_fails_loudly(models: Any, tmp_path: Path) -> None:
+    model = fresh(models)
+    install(model, tmp_path)
+    ids = [5, 6, 7]
+    fb = st.make_batch([(sh.sglang_rid("s1-a1", ids), ids, 0)], {})
+    fb.extend_prefix_lens_cpu = [0, 0]
+    with pytest.raises(sh.HookLoadError, match="1 rids, 1 extend lengths and 2 prefix lengths"):
+        model(fb.input_ids, fb.positions, fb)
+
+
 def test_only_tp_rank_zero_writes(models: Any, tmp_path: Path) -> None:
     model = fresh(models)
     cap = sh.make_hook(

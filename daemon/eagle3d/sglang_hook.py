@@ -439,17 +439,24 @@ class Capture:
         return None
 
     def _segments(self, fb: Any) -> list[tuple[Tag, int, int, int]]:
-        rids = fb.rids or []
+        rids = list(fb.rids or [])
+        tags = [parse_sglang_rid(r) for r in rids]
+        if not any(tags):
+            return []  # warm-up, health checks, other users: nothing to copy
         lens = fb.extend_seq_lens_cpu
         prefixes = fb.extend_prefix_lens_cpu
         if lens is None:
             lens = fb.extend_seq_lens.tolist()
         if prefixes is None:
             prefixes = fb.extend_prefix_lens.tolist()
+        if not len(rids) == len(lens) == len(prefixes):
+            raise HookLoadError(
+                f"eagle3d hook: forward batch has {len(rids)} rids, {len(lens)} extend lengths "
+                f"and {len(prefixes)} prefix lengths; expected one of each per request"
+            )
         out = []
         start = 0
-        for srid, n, p in zip(rids, lens, prefixes, strict=True):
-            tag = parse_sglang_rid(srid)
+        for tag, n, p in zip(tags, lens, prefixes, strict=True):
             if tag is not None:
                 out.append((tag, int(p), start, int(n)))
             start += int(n)  # tokens are laid out request after request
