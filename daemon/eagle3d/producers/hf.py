@@ -265,7 +265,7 @@ class HFProducer(Producer):
 
     def is_stuck(self, now: float) -> bool:
         return any(
-            w is not None and w.inflight and now - w.last_progress > min(self.hang_timeout, 60.0)
+            w is not None and w.inflight and now - w.last_progress > self.hang_timeout
             for w in self._workers
         )
 
