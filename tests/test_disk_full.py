@@ -194,9 +194,9 @@ def test_journal_and_output_both_full_then_a_file_is_deleted(
     """A filler takes every byte, so even the journal cannot append: the daemon must still
     pause without failing samples or tearing a frame, and go on once the filler is deleted,
     even though the freed space is less than twice all the dumps waiting to be committed."""
-    fs = tmpfs("4m")
+    fs = tmpfs("8m")
     data, out = tmp_path / "data.jsonl", fs / "out"
-    valid, malformed = runkit.dataset(data, 40)
+    valid, malformed = runkit.dataset(data, 20)  # 5.5 MB of samples: they fit in 8 MiB
     proc = runkit.start(
         tiny_model_dir, data, out, "--dump-dir", str(tmp_path / "dumps"), log=tmp_path / "log"
     )
