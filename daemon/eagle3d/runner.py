@@ -629,9 +629,12 @@ class Daemon:
             return
         st = os.statvfs(self.output)
         free = st.f_bavail * st.f_frsize
+        # Room for the largest waiting sample, not for all of them: with many dumps waiting,
+        # twice their sum can exceed what the operator frees (or the whole disk) and the run
+        # would never resume. Commits retry one by one; one that hits the wall pauses again.
         need = max(
             2 * self.largest_sample,
-            2 * sum(_size(p.dump_path) for p in self.retry_commits),
+            2 * max((_size(p.dump_path) for p in self.retry_commits), default=0),
             1 << 20,
         )
         if free < need:
