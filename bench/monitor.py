@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -44,13 +45,21 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(int(q * len(xs)), len(xs) - 1)]
 
 
-def wall(cmd: list[str], runs: int) -> list[float]:
-    out = []
+def wall(cmd: list[str], runs: int) -> tuple[list[float], list[float]]:
+    """Wall seconds and CPU seconds (user + sys of the child) of ``runs`` cold runs.
+
+    CPU time is what the command itself costs; on a machine shared with other jobs the
+    wall time also counts waiting for a core.
+    """
+    walls, cpus = [], []
     for _ in range(runs):
+        r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         t = time.perf_counter()
         subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
-        out.append(time.perf_counter() - t)
-    return out
+        walls.append(time.perf_counter() - t)
+        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpus.append((r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime))
+    return walls, cpus
 
 
 def start_source(output: str, rate: float, total: int = 10_000_000) -> subprocess.Popen[str]:
@@ -189,23 +198,26 @@ def main() -> int:
         rec_rate = len(events) / span if span > 0 else 0.0
         idle, _ = tui_cpu(finished, a.seconds, False)
         stale = staleness(caps, jdir)
-        ms = lambda xs: f"{statistics.median(xs) * 1000:.0f} ms (p90 {pct(xs, 0.9) * 1000:.0f})"  # noqa: E731
-        print(f"interpreter start (python -c pass): {ms(interp)}")
-        print(
-            f"--once via socket:                 {ms(sock)}  ratio {statistics.median(sock) / statistics.median(interp):.2f}x"
-        )
-        print(
-            f"--once via 30k-record journal:     {ms(jour)}  ratio {statistics.median(jour) / statistics.median(interp):.2f}x"
-        )
+
+        def ms(xs: list[float]) -> str:
+            return f"{statistics.median(xs) * 1000:.0f} ms (p90 {pct(xs, 0.9) * 1000:.0f})"
+
+        iw, ic = interp
+        for name, (w, c) in (("--once via socket", sock), ("--once via 30k-record journal", jour)):
+            print(
+                f"{name:32} wall {ms(w)} ratio {statistics.median(w) / statistics.median(iw):.2f}x"
+                f" | cpu {ms(c)} ratio {statistics.median(c) / statistics.median(ic):.2f}x"
+            )
+        print(f"{'interpreter (python -c pass)':32} wall {ms(iw)} | cpu {ms(ic)}")
         print(f"source: {rec_rate:.0f} records/s over {span:.0f} s (its own cpu {src_cpu:.0f}%)")
         print(f"TUI cpu at 1 s refresh, under load: {busy:.2f}% of one core")
-        print(
-            f"TUI cpu at 1 s refresh, idle journal: {idle:.2f}% of one core  ratio {busy / idle if idle else float('nan'):.2f}x"
-        )
+        ratio = busy / idle if idle else float("nan")
+        print(f"TUI cpu at 1 s refresh, idle journal: {idle:.2f}% of one core; ratio {ratio:.2f}x")
         print(
             f"staleness of saved on screen: p50 {statistics.median(stale):.2f} s, "
             f"p95 {pct(stale, 0.95):.2f} s, max {max(stale):.2f} s over {len(stale)} captures"
         )
+        print(f"load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cpus")
     finally:
         shutil.rmtree(base, ignore_errors=True)
     return 0

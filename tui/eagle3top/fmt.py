@@ -24,8 +24,12 @@ def duration(seconds: float | None) -> str:
     if s < 60:
         return f"{s} s"
     m, s = divmod(s, 60)
-    if m < 60:
+    if m < 10:
         return f"{m} m {s:02d} s"
+    if m < 60:
+        # Seconds are noise at this scale, and a value that changes every second costs a
+        # repaint every second.
+        return f"{m} m"
     h, m = divmod(m, 60)
     if h < 48:
         return f"{h} h {m:02d} m"

@@ -1,0 +1,103 @@
+"""The health judgement and the exit-code policy, as pure functions of (rows, now)."""
+
+from __future__ import annotations
+
+import pytest
+from eagle3proto import events as ev
+from eagle3proto import reducer
+from eagle3top.model import Row, health, worst
+from eagle3top.report import CRITICAL, OK, UNKNOWN, WARNING, Report
+
+NOW = 1_800_000_000.0
+
+
+def state(events: list[ev.Event]) -> reducer.ShardState:
+    s = reducer.new_state()
+    for i, e in enumerate(events):
+        e.seq = i
+        reducer.apply(s, e)
+    return s
+
+
+def running(last_save_ago: float = 1.0, started_ago: float = 600.0, extra=()) -> reducer.ShardState:  # type: ignore[no-untyped-def]
+    evs: list[ev.Event] = [ev.RunStarted(ts=NOW - started_ago, total=100)]
+    evs.append(
+        ev.SampleSaved(ts=NOW - last_save_ago, idx=0, path="p", bytes=10, tokens=1, checksum="")
+    )
+    evs.extend(extra)
+    return state(evs)
+
+
+def row(s: reducer.ShardState | None, alive: bool | None = True) -> Row:
+    return Row(label="s0", state=s, alive=alive, conn="live")
+
+
+@pytest.mark.parametrize(
+    ("r", "word", "code"),
+    [
+        (row(running()), "running", OK),
+        (row(running(last_save_ago=200)), "stalled", WARNING),  # also silent for 200 s
+        (row(running(last_save_ago=200, extra=[ev.Stats(ts=NOW - 1)])), "stalled", WARNING),
+        (
+            row(running(extra=[ev.RunState(ts=NOW, state="paused", reason="disk full")])),
+            "stalled",
+            CRITICAL,
+        ),
+        (
+            row(running(extra=[ev.RunState(ts=NOW, state="paused", reason="operator")])),
+            "stalled",
+            WARNING,
+        ),
+        (row(running(), alive=False), "down", CRITICAL),
+        (
+            row(running(extra=[ev.RunStopped(ts=NOW, reason="signal")]), alive=False),
+            "stopped",
+            WARNING,
+        ),
+        (
+            row(running(extra=[ev.RunStopped(ts=NOW, reason="x", exit_code=4)]), alive=False),
+            "stopped",
+            CRITICAL,
+        ),
+        (row(running(extra=[ev.RunFinished(ts=NOW)]), alive=False), "finished", OK),
+        (row(None), "unknown", UNKNOWN),
+        (row(state([ev.RunStarted(ts=NOW - 5, total=10)])), "running", OK),
+    ],
+    ids=[
+        "ok",
+        "stalled",
+        "stalled-but-alive",
+        "paused-disk",
+        "paused",
+        "down",
+        "stopped",
+        "failed",
+        "finished",
+        "unknown",
+        "just-started",
+    ],
+)
+def test_health_and_exit_code(r: Row, word: str, code: int) -> None:
+    assert health(r, NOW).state == word
+    assert Report.judge([r], NOW).exit_code == code
+
+
+def test_failures_rising_is_a_warning_only_while_recent() -> None:
+    fail = ev.SampleFailed(ts=NOW - 60, idx=5, error="E")
+    assert Report.judge([row(running(extra=[fail]))], NOW).exit_code == WARNING
+    old = ev.SampleFailed(ts=NOW - 3600, idx=5, error="E")
+    assert Report.judge([row(running(extra=[old]))], NOW).exit_code == OK
+    retried = ev.SampleFailed(ts=NOW - 60, idx=5, error="E", retry=True)
+    assert Report.judge([row(running(extra=[retried]))], NOW).exit_code == OK
+
+
+def test_severity_order_and_text() -> None:
+    assert Report.judge([], NOW).exit_code == UNKNOWN
+    down, unknown = row(running(), alive=False), row(None)
+    assert Report.judge([unknown, row(running())], NOW).exit_code == UNKNOWN
+    r = Report.judge([unknown, down], NOW)
+    assert r.exit_code == CRITICAL
+    assert str(r).splitlines()[0] == "CRITICAL"
+    assert worst(["running", "finished"]) == "running"
+    assert worst(["finished", "stopped"]) == "stopped"
+    assert worst(["running", "down", "stalled"]) == "down"
