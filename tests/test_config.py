@@ -61,6 +61,10 @@ def test_missing_required_and_bad_values() -> None:
         config.build({}, {"dataset": "/d", "output": "/o"})
     with pytest.raises(ConfigError, match="server"):
         config.build({}, {"model": "/m", "dataset": "/d", "output": "/o", "backend": "sglang"})
+    with pytest.raises(ConfigError, match="dump_dir"):
+        config.build(
+            {}, {"model": "/m", "dataset": "/d", "output": "/o", "backend": "sglang", "server": "u"}
+        )
     with pytest.raises(ConfigError, match="3 layer ids"):
         config.build({}, {"model": "/m", "dataset": "/d", "output": "/o", "aux_layers": [1, 2]})
     with pytest.raises(ConfigError, match="shard"):

@@ -56,6 +56,11 @@ class JobConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         _choice("dtype", self.dtype, ("auto", "float32", "bfloat16", "float16"))
         if self.backend == "sglang" and not self.server:
             raise ConfigError("backend 'sglang' needs server (--server URL)")
+        if self.backend == "sglang" and not self.dump_dir:
+            raise ConfigError(
+                "backend 'sglang' needs dump_dir (--dump-dir): the directory the server's "
+                "capture hook writes to (`eagle3d sglang-args` prints the server side)"
+            )
         if self.aux_layers and len(self.aux_layers) != 3:
             raise ConfigError(f"aux_layers: expected 3 layer ids, got {self.aux_layers}")
         for key in ("max_attempts", "workers", "commit_threads", "batch_tokens"):

@@ -134,6 +134,10 @@ class Daemon:
                 log.error("%s", e)
                 return e.code
             if self._already_done():
+                # A Type=notify unit that exits 0 before READY=1 fails with 'protocol' and
+                # is restarted: a finished job started again at boot must be a clean no-op.
+                self._notify("ready")
+                self._notify("status", "finished: nothing to do")
                 return EXIT_OK
             return await self._main()
         finally:
@@ -678,6 +682,13 @@ class Daemon:
     def _check_timeouts(self, now: float) -> None:
         assert self.producer is not None
         limit = self.cfg.request_timeout
+        if not self.producer.health().up:
+            # A down producer is not the sample's fault: restart the clocks instead of
+            # burning attempts; the producer resends (or reports) when it is back.
+            for p in self.inflight.values():
+                if p.stage == SENT:
+                    p.sent_at = now
+            return
         for p in [p for p in self.inflight.values() if p.stage == SENT and now - p.sent_at > limit]:
             self.producer.cancel(p.rid)
             self._fail_attempt(p, "Timeout", f"no dump within {limit:.0f} s")
