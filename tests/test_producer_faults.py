@@ -1,0 +1,165 @@
+"""Producer faults: a worker killed mid-batch, a hung worker, bad dumps, a dump nobody asked for.
+
+Each fault must be detected and journaled with its reason, the sample retried a bounded number
+of times (then recorded as failed, with the reason, when the fault persists), and the run must
+complete with a consistent output (``eagle3d verify`` and the crash-loop checker).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import runkit
+
+
+def _workers(pid: int) -> list[psutil.Process]:
+    try:
+        kids = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    return [k for k in kids if "hf_worker" in " ".join(k.cmdline())]
+
+
+def _failures(out: Path, error: str | None = None) -> list[dict[str, object]]:
+    return [
+        r for r in runkit.records(out, "sample_failed") if error is None or r.get("error") == error
+    ]
+
+
+def test_worker_killed_mid_batch(tiny_model_dir: Path, tmp_path: Path) -> None:
+    data, out = tmp_path / "data.jsonl", tmp_path / "out"
+    valid, malformed = runkit.dataset(data, 30)
+    proc = runkit.start(tiny_model_dir, data, out, log=tmp_path / "log")
+    try:
+        runkit.wait_for(lambda: runkit.records(out, "sample_sent"), 90, "samples sent")
+        assert not runkit.records(out, "sample_saved"), "the first batch should still be running"
+        (worker,) = _workers(proc.pid)
+        time.sleep(0.5)
+        worker.kill()  # SIGKILL, mid-batch: its requests are in flight
+        assert proc.wait(timeout=120) == 0, (tmp_path / "log").read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    crashed = _failures(out, "ProducerCrashed")
+    assert crashed and all(r.get("retry") for r in crashed), crashed
+    assert "exited with code -9" in str(crashed[0].get("message"))
+    states = [r.get("state") for r in runkit.records(out, "producer")]
+    assert "restarting" in states and states[-1] == "up", states
+    runkit.assert_complete(out, valid, malformed)
+
+
+def test_hung_worker_is_killed_and_its_samples_resent(tiny_model_dir: Path, tmp_path: Path) -> None:
+    data, out = tmp_path / "data.jsonl", tmp_path / "out"
+    valid, malformed = runkit.dataset(data, 20)
+    r = runkit.run(
+        tiny_model_dir, data, out,
+        "--request-timeout", "3", "--batch-tokens", "1024", "--max-attempts", "4",
+        fault=f"worker_hang:1@{tmp_path / 'hung-once'}",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (tmp_path / "hung-once").exists()  # the fault fired
+    msgs = " ".join(str(f.get("message")) for f in _failures(out))
+    assert "no dump within 3 s" in msgs or "made no progress" in msgs, msgs
+    states = [x.get("state") for x in runkit.records(out, "producer")]
+    assert "restarting" in states, states
+    runkit.assert_complete(out, valid, malformed)
+
+
+def test_a_worker_that_always_hangs_ends_in_recorded_failures(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Persistent fault: every worker hangs after one batch. Attempts are bounded; the samples
+    that never get through are recorded as failed with the reason, and the run still ends."""
+    data, out = tmp_path / "data.jsonl", tmp_path / "out"
+    valid, _ = runkit.dataset(data, 12, malformed=False)
+    r = runkit.run(
+        tiny_model_dir, data, out,
+        "--request-timeout", "2", "--batch-tokens", "256", "--max-attempts", "2",
+        fault="worker_hang:1",
+        timeout=150,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    c = runkit.check(out)
+    assert not c.bad, c.bad
+    assert c.saved | c.failed == valid  # every sample ends one way or the other
+    assert c.failed, "some samples should have run out of attempts"
+    final = [f for f in _failures(out) if not f.get("retry")]
+    assert {f["idx"] for f in final} == c.failed
+    for f in final:
+        assert f.get("attempt") == 2, f  # bounded by --max-attempts
+        assert f.get("error") in ("Timeout", "ProducerCrashed"), f
+    assert runkit.verify(out)["ok"]
+
+
+BAD_DUMP_REASONS = {
+    "ids": "input_ids differ",
+    "shape": "shape",
+    "nan": "NaN",
+    "truncate": "",  # whatever the reader says about a cut safetensors file
+}
+
+
+@pytest.mark.parametrize("kind", list(BAD_DUMP_REASONS))
+def test_bad_dump_without_retries_is_a_recorded_failure(
+    kind: str, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    data, out = tmp_path / "data.jsonl", tmp_path / "out"
+    valid, malformed = runkit.dataset(data, 15)
+    r = runkit.run(tiny_model_dir, data, out, "--max-attempts", "1", fault=f"bad_dump:{kind}:3")
+    assert r.returncode == 0, r.stderr[-3000:]
+    bad = _failures(out, "BadDump")
+    assert len(bad) == 1, _failures(out)
+    assert not bad[0].get("retry") and BAD_DUMP_REASONS[kind] in str(bad[0]["message"]), bad
+    idx = bad[0]["idx"]
+    assert isinstance(idx, int)
+    runkit.assert_complete(out, valid - {idx}, malformed | {idx})
+    assert not (out / runkit.crashloop.relpath_of(idx)).exists()
+
+
+def test_bad_dump_is_retried_then_saved(tiny_model_dir: Path, tmp_path: Path) -> None:
+    data, out = tmp_path / "data.jsonl", tmp_path / "out"
+    valid, malformed = runkit.dataset(data, 15)
+    r = runkit.run(tiny_model_dir, data, out, fault="bad_dump:nan:2")
+    assert r.returncode == 0, r.stderr[-3000:]
+    (bad,) = _failures(out, "BadDump")
+    assert bad.get("retry") is True and "NaN" in str(bad["message"])
+    runkit.assert_complete(out, valid, malformed)  # the retry saved it
+
+
+def test_dumps_nobody_asked_for_are_removed_and_counted(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    import torch
+    from eagle3d.dump import write_dump
+
+    data, out = tmp_path / "data.jsonl", tmp_path / "out"
+    dumps = Path(f"{out}.dumps")
+    dumps.mkdir()
+    valid, malformed = runkit.dataset(data, 20)
+    t = torch.arange(5, dtype=torch.int64)
+    aux, hid = torch.zeros(5, 3 * 64), torch.zeros(5, 64)
+    stale = write_dump(str(dumps), "deadbeef-0-1-7-1", t, aux, hid, [2, 2, 1])
+    proc = runkit.start(tiny_model_dir, data, out, log=tmp_path / "log")
+    try:
+        runkit.wait_for(lambda: runkit.records(out, "sample_sent"), 90, "samples sent")
+        run_id = runkit.crashloop.read_journal(runkit.crashloop.journal_dirs(str(out))[0]).run_id
+        rid = f"{run_id[:8]}-0-99-12345-1"  # our prefix, a request never sent
+        unknown = write_dump(str(dumps), rid, t, aux, hid, [2, 2, 1])
+        runkit.wait_for(lambda: not os.path.exists(unknown), 30, "the unknown dump removed")
+        assert proc.wait(timeout=120) == 0, (tmp_path / "log").read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    orphans = {r.get("rid"): r.get("reason") for r in runkit.records(out, "dump_orphan")}
+    assert orphans.get("deadbeef-0-1-7-1") == "left by an earlier run", orphans
+    assert orphans.get(rid) == "unknown or abandoned request", orphans
+    assert not os.path.exists(stale)
+    assert 12345 not in runkit.check(out).saved
+    runkit.assert_complete(out, valid, malformed)
