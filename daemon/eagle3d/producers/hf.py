@@ -79,6 +79,7 @@ class HFProducer(Producer):
         self._stopped = False
         self.info: dict[str, Any] = {}
         self._rr = 0
+        self._backlog: list[Request] = []  # submitted while no worker was up
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -203,6 +204,9 @@ class HFProducer(Producer):
             try:
                 await self._spawn(w.slot)
                 self._events.producer_state("up", f"worker restarted after: {reason}")
+                backlog, self._backlog = self._backlog, []
+                for request in backlog:
+                    self.submit(request)
                 return
             except ProducerStartError as e:
                 self._events.producer_state("down", str(e))
@@ -237,6 +241,12 @@ class HFProducer(Producer):
         live = [w for w in self._workers if w is not None and w.ready and w.ready.done()]
         if not live:
             assert self._events is not None
+            if not self._stopped:
+                # Every worker is (re)starting: hold the request until one is up. Failing it
+                # here made the daemon resend at once, and a single-worker producer burned
+                # all attempts of everything in flight in a few milliseconds.
+                self._backlog.append(request)
+                return
             self._events.request_failed(request.rid, "ProducerDown", "no live worker", True)
             return
         w = min(live, key=lambda x: (len(x.inflight), x.slot))
@@ -250,6 +260,7 @@ class HFProducer(Producer):
             w.proc.stdin.write(encode_frame(_enc.encode(msg)))
 
     def cancel(self, rid: str) -> None:
+        self._backlog = [r for r in self._backlog if r.rid != rid]
         for w in self._workers:
             if w is not None and rid in w.inflight:
                 del w.inflight[rid]
