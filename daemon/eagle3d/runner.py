@@ -472,6 +472,9 @@ class Daemon:
                 self._check_done()
                 return
             if isinstance(item, BadSample):
+                # Say it in the foreground too, naming the file: the record alone is only
+                # visible to someone who already knows to look at the journal.
+                log.warning("%s: %s", self.cfg.dataset, item)
                 self.status[item.idx] = FAILED
                 self._append(
                     ev.SampleFailed(idx=item.idx, error=item.error, message=str(item), attempt=0)
