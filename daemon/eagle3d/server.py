@@ -301,6 +301,8 @@ class EventServer:
         await asyncio.wait_for(writer.drain(), self.write_timeout)
         while True:
             item = await sub.queue.get()
+            if writer.transport.is_closing():
+                return  # the peer is gone; writing on would only make asyncio log about it
             if sub.closing:
                 if sub.closing != "client closed":
                     bye = wire.Bye(reason=sub.closing, last_seq=sub.next_seq - 1)

@@ -41,7 +41,7 @@ class Feed:
         self.clock = clock
         self.alias = alias  # a remote host as the user named it: prefixes the row label
         self.delays = BACKOFF_S
-        self.coalesce_s = 0.1
+        self.coalesce_s = 0.2
         self._kick = asyncio.Event()
         self.records = 0  # records folded, for benchmarks
 
