@@ -16,7 +16,7 @@ from eagle3top.app import Eagle3Top, HelpScreen
 from eagle3top.feeds import LocalFeed, StreamFeed, backoff
 from eagle3top.model import Row
 from eagle3top.sources import discover, ssh_argv
-from monitor_helpers import EAGLE3_TOP, FAKE_SSH, event_source
+from monitor_helpers import EAGLE3_TOP, FAKE_SSH, event_source, run_events, write_journal
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -313,3 +313,38 @@ def test_panels_are_pure_functions_of_rows_and_now() -> None:
     assert a == b
     assert panels.pipeline([row], T0 + 3600) != a  # ages move with now, nothing else does
     assert os.environ.get("COLORTERM") is None or True
+
+
+async def test_fleet_of_remote_hosts_over_fake_ssh(tmp_path, monkeypatch) -> None:
+    """Three hosts: one live daemon, one finished journal, one unreachable (ssh fails)."""
+    fake = (
+        'sh -c \'if [ "$1" = deadhost ]; then echo "ssh: connect to host deadhost port 22:'
+        ' Connection refused" >&2; exit 255; fi; shift; exec sh -c "$1"\' fake-ssh'
+    )
+    monkeypatch.setenv("EAGLE3_TOP_SSH", fake)
+    monkeypatch.setenv("EAGLE3_TOP_REMOTE", EAGLE3_TOP)
+    live, done = str(tmp_path / "live"), str(tmp_path / "done")
+    t1 = time.time() - 50
+    write_journal(done, [*run_events(t1, 4, 4), ev.RunFinished(ts=t1 + 5, saved=4)])
+    with event_source(live, "--total", "100000", "--rate", "300", "--bytes", "1000"):
+        feeds = [
+            StreamFeed("livehost", ssh_argv("livehost", ["--output", live]), time.time),
+            StreamFeed("donehost", ssh_argv("donehost", ["--output", done]), time.time),
+            StreamFeed("deadhost", ssh_argv("deadhost", ["--output", done]), time.time),
+        ]
+        app = Eagle3Top(feeds, interval=0.25)
+        async with app.run_test(size=SIZE) as pilot:
+            for _ in range(200):
+                a, b, c = (f.row for f in feeds)
+                if a.conn == "live" and b.state is not None and c.retry_at is not None:
+                    break
+                await pilot.pause(0.05)
+            app.tick()
+            fleet = text_of(app, "fleet")
+            assert "livehost shard-0-of-1" in fleet and "donehost shard-0-of-1" in fleet
+            lines = {ln.split()[0]: ln for ln in fleet.splitlines()[1:]}
+            assert "running" in lines["livehost"] and "finished" in lines["donehost"]
+            assert "unknown" in lines["deadhost"] and "disconnected" in lines["deadhost"]
+            conn = text_of(app, "conn")
+            assert "deadhost: ● disconnected: ssh: ssh: connect to host deadhost" in conn
+            assert "retrying in" in conn
