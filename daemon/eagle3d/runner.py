@@ -29,13 +29,12 @@ from eagle3proto import paths, reducer
 from eagle3proto.journal import JournalError, JournalWriter
 from eagle3proto.paths import Shard
 
-from . import __version__, config, faults
+from . import config, faults, job
 from .cli import EXIT_CODES
 from .commit import CommitError, Committer, validate
 from .dump import BadDump, read_dump, rid_of
 from .preflight import (
     EXIT_CONFIG,
-    EXIT_FINGERPRINT,
     EXIT_INTERNAL,
     EXIT_OK,
     EXIT_PRODUCER,
@@ -51,7 +50,7 @@ from .watcher import DumpWatcher
 log = logging.getLogger("eagle3d")
 
 SENT, DUMPED = 1, 2
-PENDING, SAVED, FAILED = 0, 1, 2
+PENDING, SAVED, FAILED = job.PENDING, job.SAVED, job.FAILED
 _END = object()
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
@@ -163,105 +162,26 @@ class Daemon:
         self._lock = ShardLock(paths.lock_path(self.output, self.shard))
         self._lock.acquire()
         self._notify("status", "reading dataset and journal")
-        self.job, self.total, lines = await asyncio.to_thread(self._job_info)
-        self.status = bytearray(lines)
+        facts = await asyncio.to_thread(job.describe, cfg, self.shard, self.output)
+        self.job, self.total = facts.job, facts.total
+        self.hidden_size, self.layers = facts.hidden_size, facts.layers
+        self.status = bytearray(facts.lines)
         jdir = paths.journal_dir(self.output, self.shard)
         self.journal = JournalWriter(
             jdir,
             shard_index=self.shard.index,
             shard_count=self.shard.count,
             listener=self._published_threadsafe,
-            fileops=_FaultFileOps(),  # type: ignore[arg-type]
+            fileops=_FaultFileOps(),
         )
-        self._last_started: ev.RunStarted | None = None
-        self._finished_last = False
-        self.journal.open(self._replayed)
+        self.resume = job.ResumeFold(self.status, self.state)
+        self.journal.open(self.resume.sink)
         self.run_id = self.journal.run_id
-        self._check_fingerprint()
-
-    def _job_info(self) -> tuple[ev.JobInfo, int, int]:
-        from .dataset import count_lines
-
-        cfg = self.cfg
-        mcfg = config.model_config(cfg.model)
-        n_layers = int(mcfg["num_hidden_layers"])
-        self.hidden_size = int(mcfg["hidden_size"])
-        self.layers = cfg.aux_layers or config.default_aux_layers(n_layers)
-        bad = [i for i in self.layers if not 0 <= i < n_layers]
-        if bad:
-            raise Fatal(EXIT_CONFIG, f"aux_layers {bad} outside 0..{n_layers - 1} of {cfg.model}")
-        lines = count_lines(cfg.dataset)
-        total = len(range(self.shard.index, lines, self.shard.count))
-        with open(os.path.join(cfg.model, "config.json"), "rb") as f:
-            model_sha = config.fingerprint({"config": f.read().decode(errors="replace")})
-        job = ev.JobInfo(
-            model=os.path.abspath(cfg.model),
-            dataset=os.path.abspath(cfg.dataset),
-            dataset_bytes=os.path.getsize(cfg.dataset),
-            dataset_sha=config.file_sha(cfg.dataset),
-            aux_layers=self.layers,
-            output=self.output,
-            shard_index=self.shard.index,
-            shard_count=self.shard.count,
-            backend=cfg.backend,
-            max_length=cfg.max_length,
-            on_overflow=cfg.on_overflow,
-            version=__version__,
+        forced = job.check_fingerprint(
+            self.resume.last_started, self.job, cfg.force_resume, self.output
         )
-        job.fingerprint = config.fingerprint(
-            {
-                "model_config": model_sha,
-                "dataset_sha": job.dataset_sha,
-                "aux_layers": job.aux_layers,
-                "max_length": job.max_length,
-                "on_overflow": job.on_overflow,
-                "shard": [job.shard_index, job.shard_count],
-            }
-        )
-        return job, total, lines
-
-    def _replayed(self, batch: list[ev.AnyEvent]) -> None:
-        status = self.status
-        for e in batch:
-            reducer.apply(self.state, e)
-            if isinstance(e, ev.SampleSaved):
-                if e.idx < len(status):
-                    status[e.idx] = SAVED
-            elif isinstance(e, ev.SampleFailed):
-                if not e.retry and e.idx < len(status) and status[e.idx] != SAVED:
-                    status[e.idx] = FAILED
-            elif isinstance(e, ev.RunStarted):
-                self._last_started = e
-            self._finished_last = isinstance(e, ev.RunFinished) or (
-                self._finished_last and not isinstance(e, ev.RunStarted)
-            )
-
-    def _check_fingerprint(self) -> None:
-        last = self._last_started
-        if last is None or last.job.fingerprint == self.job.fingerprint:
-            return
-        diffs = [
-            f"{k}: {getattr(last.job, k)!r} -> {getattr(self.job, k)!r}"
-            for k in (
-                "dataset",
-                "dataset_bytes",
-                "dataset_sha",
-                "model",
-                "aux_layers",
-                "max_length",
-                "on_overflow",
-            )
-            if getattr(last.job, k) != getattr(self.job, k)
-        ]
-        what = "; ".join(diffs) or "model config changed"
-        if self.cfg.force_resume:
-            log.warning("resuming a changed job because of --force-resume (%s)", what)
-            return
-        raise Fatal(
-            EXIT_FINGERPRINT,
-            f"{self.output} holds a job with a different fingerprint ({what}); "
-            "refusing to resume (use --force-resume to override)",
-        )
+        if forced:
+            log.warning("resuming a changed job because of --force-resume (%s)", forced)
 
     def _shard_ids(self) -> range:
         return range(self.shard.index, len(self.status), self.shard.count)
@@ -272,7 +192,7 @@ class Daemon:
             return False
         saved = sum(1 for i in self._shard_ids() if status[i] == SAVED)
         failed = self.total - saved
-        if not self._finished_last:
+        if not self.resume.finished_last:
             assert self.journal is not None
             self.journal.append(ev.RunFinished(saved=saved, failed=failed))
         log.info(

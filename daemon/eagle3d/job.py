@@ -1,0 +1,128 @@
+"""What a job is (its fingerprint) and what its journal says is already done.
+
+:func:`describe` reads the model config and the dataset once at start; :class:`ResumeFold`
+folds replayed journal records into the per-sample status the daemon resumes from;
+:func:`check_fingerprint` refuses to resume a job whose dataset or settings changed.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from eagle3proto import events as ev
+from eagle3proto import reducer
+from eagle3proto.paths import Shard
+
+from . import __version__, config
+from .preflight import EXIT_CONFIG, EXIT_FINGERPRINT, Fatal
+
+PENDING, SAVED, FAILED = 0, 1, 2
+
+#: JobInfo fields shown when a fingerprint differs (the fingerprint also covers the model).
+_COMPARED = (
+    "dataset",
+    "dataset_bytes",
+    "dataset_sha",
+    "model",
+    "aux_layers",
+    "max_length",
+    "on_overflow",
+)
+
+
+@dataclass(slots=True)
+class JobFacts:
+    job: ev.JobInfo
+    total: int  # samples in this shard
+    lines: int  # lines in the dataset (= sample ids)
+    hidden_size: int
+    layers: list[int]
+
+
+def describe(cfg: config.JobConfig, shard: Shard, output: str) -> JobFacts:
+    """Read the model config and hash the dataset. Raises Fatal for impossible aux layers."""
+    from .dataset import count_lines
+
+    mcfg = config.model_config(cfg.model)
+    n_layers = int(mcfg["num_hidden_layers"])
+    layers = cfg.aux_layers or config.default_aux_layers(n_layers)
+    bad = [i for i in layers if not 0 <= i < n_layers]
+    if bad:
+        raise Fatal(EXIT_CONFIG, f"aux_layers {bad} outside 0..{n_layers - 1} of {cfg.model}")
+    lines = count_lines(cfg.dataset)
+    with open(os.path.join(cfg.model, "config.json"), "rb") as f:
+        model_sha = config.fingerprint({"config": f.read().decode(errors="replace")})
+    job = ev.JobInfo(
+        model=os.path.abspath(cfg.model),
+        dataset=os.path.abspath(cfg.dataset),
+        dataset_bytes=os.path.getsize(cfg.dataset),
+        dataset_sha=config.file_sha(cfg.dataset),
+        aux_layers=layers,
+        output=output,
+        shard_index=shard.index,
+        shard_count=shard.count,
+        backend=cfg.backend,
+        max_length=cfg.max_length,
+        on_overflow=cfg.on_overflow,
+        version=__version__,
+    )
+    job.fingerprint = config.fingerprint(
+        {
+            "model_config": model_sha,
+            "dataset_sha": job.dataset_sha,
+            "aux_layers": job.aux_layers,
+            "max_length": job.max_length,
+            "on_overflow": job.on_overflow,
+            "shard": [job.shard_index, job.shard_count],
+        }
+    )
+    return JobFacts(
+        job, len(range(shard.index, lines, shard.count)), lines, int(mcfg["hidden_size"]), layers
+    )
+
+
+@dataclass(slots=True)
+class ResumeFold:
+    """Folds replayed records: per-sample status, the live reducer state, the last session."""
+
+    status: bytearray
+    state: reducer.ShardState
+    last_started: ev.RunStarted | None = None
+    finished_last: bool = False  # the journal's last session ended with run_finished
+
+    def sink(self, batch: list[ev.AnyEvent]) -> None:
+        status = self.status
+        for e in batch:
+            reducer.apply(self.state, e)
+            if isinstance(e, ev.SampleSaved):
+                if e.idx < len(status):
+                    status[e.idx] = SAVED
+            elif isinstance(e, ev.SampleFailed):
+                if not e.retry and e.idx < len(status) and status[e.idx] != SAVED:
+                    status[e.idx] = FAILED
+            elif isinstance(e, ev.RunStarted):
+                self.last_started = e
+            if isinstance(e, ev.RunFinished):
+                self.finished_last = True
+            elif isinstance(e, ev.RunStarted):
+                self.finished_last = False
+
+
+def check_fingerprint(last: ev.RunStarted | None, job: ev.JobInfo, force: bool, output: str) -> str:
+    """'' when resuming is safe; the differences when forced; raises Fatal otherwise."""
+    if last is None or last.job.fingerprint == job.fingerprint:
+        return ""
+    diffs = [
+        f"{k}: {getattr(last.job, k)!r} -> {getattr(job, k)!r}"
+        for k in _COMPARED
+        if getattr(last.job, k) != getattr(job, k)
+    ]
+    what = "; ".join(diffs) or "model config changed"
+    if force:
+        return what
+    raise Fatal(
+        EXIT_FINGERPRINT,
+        f"{output} holds a job with a different fingerprint ({what}); "
+        "refusing to resume (use --force-resume to override)",
+    )
