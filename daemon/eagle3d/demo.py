@@ -96,7 +96,15 @@ def run_demo(
 
     report = verify(output)
     print(report)
-    print(f"\nmonitor it: eagle3-top --output {output}   (or --once [--json])")
+    top_once = shutil.which("eagle3-top")
+    if top_once:
+        # The monitor's own one-shot view of the same output (it reads the journal).
+        print(f"\n$ eagle3-top --once --output {output}")
+        sys.stdout.flush()
+        subprocess.run([top_once, "--once", "--output", output], check=False)
+    print(
+        f"\nlive monitor: eagle3-top --output {output}  (eagle3d demo --monitor shows it during the run)"
+    )
     return report.exit_code
 
 
