@@ -305,6 +305,7 @@ class Summary:
     kills: int = 0
     kills_daemon_only: int = 0
     kills_process_group: int = 0
+    kills_by_phase: dict[str, int] = field(default_factory=dict)
     natural_exits: int = 0
     checks: int = 0
     samples_checked: int = 0
@@ -455,6 +456,13 @@ class CrashLoop:
                 # A kill while the daemon starts: journal recovery, temp cleanup, orphans.
                 phase, delay = "start", self.rng.uniform(0.2, a.startup_window)
                 rc = _wait(proc, delay)
+            elif self.rng.random() < a.commit_fraction:
+                # A kill among commits: wait for this run's first new saved record, then a
+                # random moment more (kills of a slow first batch alone would starve the job).
+                phase, delay = "commit", self.rng.uniform(0.0, a.commit_window)
+                rc = _wait_saved(proc, output, len(check_output(output).saved), a.run_timeout)
+                if rc is None:
+                    rc = _wait(proc, delay)
             else:
                 # A kill while it works: wait for the producer, then a random moment more.
                 phase, delay = "work", self.rng.uniform(0.0, a.max_delay)
@@ -478,6 +486,7 @@ class CrashLoop:
                 self.s.kills_daemon_only += 1
             proc.wait()
             self.s.kills += 1
+            self.s.kills_by_phase[phase] = self.s.kills_by_phase.get(phase, 0) + 1
             c = self.check(output, f"kill {self.s.kills}")
             self.log(
                 f"kill {self.s.kills}/{a.kills} ({phase} +{delay:.2f}s, "
@@ -512,6 +521,27 @@ def _wait_ready(proc: subprocess.Popen[bytes], logpath: str, timeout: float) -> 
     return None
 
 
+def _wait_saved(
+    proc: subprocess.Popen[bytes], output: str, before: int, timeout: float
+) -> int | None:
+    """Wait until the journal holds more saved records than ``before`` (our own reader)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rc = proc.poll()
+        if rc is not None:
+            return rc
+        n = sum(
+            1
+            for jdir in journal_dirs(output)
+            for r in read_journal(jdir).records
+            if r.get("kind") == "sample_saved"
+        )
+        if n > before:
+            return None
+        time.sleep(0.05)
+    return None
+
+
 def _reap_group(pgid: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -538,6 +568,14 @@ def main(argv: list[str] | None = None) -> int:
         help="share of kills aimed at start-up (uniform in 0.2..--startup-window s)",
     )
     p.add_argument("--startup-window", type=float, default=5.0)
+    p.add_argument(
+        "--commit-fraction",
+        type=float,
+        default=0.6,
+        help="of the other kills, the share aimed at commits: uniform in 0..--commit-window s "
+        "after the run's first new saved record",
+    )
+    p.add_argument("--commit-window", type=float, default=3.0)
     p.add_argument(
         "--max-delay",
         type=float,
@@ -566,7 +604,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(
             f"seed {s.seed}: {s.rounds} round(s), {s.runs} runs, {s.kills} kills "
-            f"({s.kills_daemon_only} daemon only, {s.kills_process_group} process group), "
+            f"({s.kills_daemon_only} daemon only, {s.kills_process_group} process group; "
+            f"by phase {s.kills_by_phase}), "
             f"{s.checks} checks, {s.samples_checked} sample files checked, "
             f"{s.leftovers_redone} uncommitted leftovers seen, {s.torn_tails_seen} torn tails; "
             f"lost {s.lost} / duplicated {s.duplicated} / corrupt {s.corrupt} / "
