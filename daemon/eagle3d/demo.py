@@ -24,6 +24,12 @@ def _dataset() -> str:
     return str(resources.files("eagle3d").joinpath("data/demo.jsonl"))
 
 
+def _eagle3_top() -> str | None:
+    """The monitor installed beside this interpreter (a venv need not be on PATH)."""
+    beside = os.path.join(os.path.dirname(sys.executable), "eagle3-top")
+    return beside if os.access(beside, os.X_OK) else shutil.which("eagle3-top")
+
+
 def _progress_line(state: reducer.ShardState, now: float) -> str:
     v = reducer.view(state, now)
     eta = "-" if v.eta_s is None else f"{v.eta_s:.0f}s"
@@ -56,8 +62,9 @@ def run_demo(
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         top = None
-        if monitor and sys.stdout.isatty() and shutil.which("eagle3-top"):
-            top = subprocess.Popen(["eagle3-top", "--output", output])
+        top_cmd = _eagle3_top()
+        if monitor and sys.stdout.isatty() and top_cmd:
+            top = subprocess.Popen([top_cmd, "--output", output])
         state = reducer.new_state()
         follower = Follower(paths.journal_dir(output, paths.Shard()))
         last = 0.0
@@ -96,7 +103,7 @@ def run_demo(
 
     report = verify(output)
     print(report)
-    top_once = shutil.which("eagle3-top")
+    top_once = _eagle3_top()
     if top_once:
         # The monitor's own one-shot view of the same output (it reads the journal).
         print(f"\n$ eagle3-top --once --output {output}")
