@@ -183,6 +183,7 @@ class LocalFeed(Feed):
                     self._jstate, self._follower = await asyncio.to_thread(read_journal, t.jdir)
                 else:
                     new = await asyncio.to_thread(self._follower.poll)
+                    assert self._jstate is not None
                     reducer.apply_all(self._jstate, new)
                     self.records += len(new)
                 row.state = self._jstate

@@ -236,9 +236,13 @@ def once_local(t: Target) -> Row:
         return row
     if t.jdir and list_segments(t.jdir):
         state = reducer.new_state()
+
         # replay (not Follower): it also reports a torn tail in the newest segment, which
         # matters when the daemon is gone.
-        rep = replay(t.jdir, lambda batch: reducer.apply_all(state, batch))
+        def fold(batch: list[ev.AnyEvent]) -> None:
+            reducer.apply_all(state, batch)
+
+        rep = replay(t.jdir, fold)
         row.state = state
         row.source, row.conn = "journal", "journal"
         row.alive = lock_held(t.lock) if t.lock else None
