@@ -529,7 +529,7 @@ class Daemon:
         self._check_done()
 
     def _check_done(self) -> None:
-        if self.inflight:
+        if self.inflight or self.done.is_set():
             return
         if self.feed_done and not self.stopping:
             saved = sum(1 for i in self._shard_ids() if self.status[i] == SAVED)
