@@ -327,3 +327,17 @@ def test_read_journal_frames_spans_segments(tmp_path) -> None:
     got = read_journal_frames(jdir, 7, 41)
     assert [s for s, _ in got] == list(range(7, 42))
     assert all(ev.decode(f[8:]).seq == s for s, f in got)
+
+
+async def test_snapshot_over_the_frame_limit_drops_per_sample_maps(tmp_path) -> None:
+    d = Daemon(str(tmp_path))
+    d.state.failed_idx = {i: "ValueError" for i in range(700_000)}  # ~10 MB as msgpack
+    d.state.failed = len(d.state.failed_idx)
+    await d.server.start()
+    c = await Client.connect(d.path, mode="once")
+    await c.read_until(lambda m: False)
+    snap = c.msgs[0]
+    assert isinstance(snap, wire.Snapshot)
+    assert snap.state.failed == 700_000 and snap.state.failed_idx == {}
+    assert isinstance(c.msgs[1], wire.Bye)
+    await d.close()

@@ -32,6 +32,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import msgspec
 from eagle3proto import events as ev
 from eagle3proto import wire
 from eagle3proto.codec import HEADER_SIZE, encode_frame, scan
@@ -274,7 +275,14 @@ class EventServer:
             output=self.output,
             state=state,
         )
-        sub.writer.write(wire.encode(msg))
+        try:
+            frame = wire.encode(msg)
+        except ValueError:
+            # Over the frame limit (e.g. millions of failed samples listed by index): send
+            # the counters without the per-sample maps rather than no snapshot at all.
+            msg.state = msgspec.structs.replace(state, failed_idx={}, stage={}, history=[])
+            frame = wire.encode(msg)
+        sub.writer.write(frame)
         sub.next_seq = state.seq + 1
         return state
 

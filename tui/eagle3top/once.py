@@ -87,6 +87,7 @@ class ShardDoc(Counts, kw_only=True):
     producer_latency_s: float | None
     daemon_cpu_percent: float | None
     daemon_rss_bytes: int | None
+    gpu_note: str
     error: str
     notes: list[str]
 
@@ -151,6 +152,7 @@ def build(rows: list[Row], now: float) -> tuple[OnceDoc, Report]:
                 producer_latency_s=stats.producer.latency_s if stats else None,
                 daemon_cpu_percent=stats.cpu_percent if stats else None,
                 daemon_rss_bytes=stats.rss_bytes if stats else None,
+                gpu_note=stats.gpu_note if stats else "",
                 error=r.error,
                 notes=r.notes,
                 **_counts(v, now),  # type: ignore[arg-type]
