@@ -119,6 +119,9 @@ class Daemon:
         self.notifier: Any = None
         self.watchdog_policy: Any = None
         self._exit_code = EXIT_OK
+        self.wake = asyncio.Event()
+        self.done = asyncio.Event()
+        self._feed_stop = threading.Event()
         self._lock: ShardLock | None = None
 
     # -- the whole lifecycle -------------------------------------------------------------------
@@ -254,9 +257,6 @@ class Daemon:
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(sig, self._on_signal, sig)
         self.queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=max(8, self.window))
-        self.wake = asyncio.Event()
-        self.done = asyncio.Event()
-        self._feed_stop = threading.Event()
         feeder = threading.Thread(target=self._feed, name="feeder", daemon=True)
         feeder.start()
         tasks = [
