@@ -80,8 +80,8 @@ class Eagle3Top(App[int]):
     #conn { height: auto; max-height: 6; padding: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
     #fleet { height: auto; max-height: 12; border: round $secondary; border-title-align: left;
              padding: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
-    #grid { grid-size: 2; grid-columns: 70 1fr; grid-rows: auto auto auto 1fr; grid-gutter: 0 1;
-            height: 1fr; }
+    #grid { grid-size: 2; grid-columns: 7fr 5fr; grid-rows: auto; grid-gutter: 0 1;
+            height: 1fr; overflow-y: auto; }
     .panel { border: round $primary; border-title-align: left; padding: 0 1; height: auto;
              text-wrap: nowrap; text-overflow: ellipsis; }
     #errors { column-span: 2; height: 1fr; min-height: 4; }
@@ -137,6 +137,14 @@ class Eagle3Top(App[int]):
         # when new records arrived, so 'saved' on screen is at most ~interval/2 behind.
         self.set_interval(self.interval / 2, self.fast_tick)
         self.tick()
+
+    def on_resize(self) -> None:
+        # Below 110 columns two panel columns crop the Pipeline counters: stack the panels.
+        grid = self.query_one("#grid", Grid)
+        narrow = self.size.width < 110
+        grid.styles.grid_size_columns = 1 if narrow else 2
+        grid.styles.grid_columns = "1fr" if narrow else "7fr 5fr"
+        self.query_one("#errors").styles.column_span = 1 if narrow else 2
 
     async def on_unmount(self) -> None:
         for t in self._tasks:
