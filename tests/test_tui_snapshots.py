@@ -37,3 +37,7 @@ def test_fleet_of_three_shards(snap_compare) -> None:
 
 def test_paused_then_help(snap_compare) -> None:
     assert snap_compare(make_app([live_row()]), press=["p", "question_mark"], terminal_size=SIZE)
+
+
+def test_narrow_terminal_stacks_the_panels(snap_compare) -> None:
+    assert snap_compare(make_app([live_row()]), terminal_size=(80, 24))
