@@ -341,3 +341,16 @@ async def test_snapshot_over_the_frame_limit_drops_per_sample_maps(tmp_path) -> 
     assert snap.state.failed == 700_000 and snap.state.failed_idx == {}
     assert isinstance(c.msgs[1], wire.Bye)
     await d.close()
+
+
+async def test_catch_up_beyond_the_limit_gets_the_snapshot_only(tmp_path) -> None:
+    d = Daemon(str(tmp_path), max_catchup=10)
+    await d.server.start()
+    await d.emit(100)
+    c = await Client.connect(d.path, since=5)  # 94 records behind: more than allowed
+    await d.emit(2, start_idx=500)
+    await c.read_until(record_seq_is(101))
+    assert c.msgs[0].state.seq == 99
+    assert c.seqs() == [100, 101]
+    c.close()
+    await d.close()

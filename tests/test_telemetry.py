@@ -139,3 +139,38 @@ def test_throttle_names() -> None:
     assert throttle_names(0) == []
     assert throttle_names(0x8 | 0x80) == ["hw_slowdown", "hw_power_brake"]
     assert telemetry._THROTTLE_BITS  # the table is what the names come from
+
+
+class FakeProbes:
+    """A double at the Probes seam: fixed facts, and a record of what was asked."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+        self.closed = False
+
+    def gpus(self) -> tuple[list[ev.GpuInfo], str]:
+        return [ev.GpuInfo(index=0, name="X", util_percent=50.0)], ""
+
+    def disk(self, label: str, path: str) -> ev.DiskUsage | None:
+        self.asked.append(f"{label}:{path}")
+        return ev.DiskUsage(label=label, path=path, total_bytes=100, used_bytes=60, free_bytes=40)
+
+    def process(self) -> tuple[float, int]:
+        return 12.5, 1 << 30
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_telemetry_composes_a_stats_record_from_the_seam() -> None:
+    probes = FakeProbes()
+    t = Telemetry("/out", "/dev/shm/dumps", probes=probes)
+    s = t.sample(producer_health=ev.ProducerHealth(name="sglang", up=False), inflight=7)
+    assert probes.asked == ["output:/out", "dump:/dev/shm/dumps"]
+    assert [(d.label, d.free_bytes) for d in s.disk] == [("output", 40), ("dump", 40)]
+    assert s.gpus[0].util_percent == 50.0 and s.gpu_note == ""
+    assert (s.cpu_percent, s.rss_bytes, s.inflight) == (12.5, 1 << 30, 7)
+    assert s.producer.name == "sglang" and not s.producer.up
+    assert Telemetry("/out", probes=probes).sample().disk[0].label == "output"
+    t.close()
+    assert probes.closed

@@ -348,3 +348,38 @@ async def test_fleet_of_remote_hosts_over_fake_ssh(tmp_path, monkeypatch) -> Non
             conn = text_of(app, "conn")
             assert "deadhost: ● disconnected: ssh: ssh: connect to host deadhost" in conn
             assert "retrying in" in conn
+
+
+async def test_daemon_without_socket_is_followed_through_its_journal(tmp_path, monkeypatch) -> None:
+    """A live daemon whose socket is unreachable: local and remote feeds follow the journal."""
+    out = str(tmp_path)
+    monkeypatch.setenv("EAGLE3_TOP_SSH", FAKE_SSH)
+    monkeypatch.setenv("EAGLE3_TOP_REMOTE", EAGLE3_TOP)
+    with event_source(out, "--total", "100000", "--rate", "300", "--bytes", "1000", "--no-server"):
+        local = LocalFeed(discover(out, None)[0], time.time, interval=0.25)
+        remote = StreamFeed("nodeJ", ssh_argv("nodeJ", ["--output", out]), time.time)
+        tasks = [asyncio.create_task(f.run()) for f in (local, remote)]
+        try:
+            seen: dict[str, int] = {}
+            for _ in range(200):
+                for f in (local, remote):
+                    if f.row.state is not None:
+                        seen.setdefault(f.row.label, f.row.state.saved)
+                if all(
+                    f.row.state is not None and f.row.state.saved > seen[f.row.label] + 10
+                    for f in (local, remote)
+                ):
+                    break
+                await asyncio.sleep(0.05)
+            for f in (local, remote):
+                assert f.row.conn == "journal" and f.row.alive is True
+                assert f.row.state is not None and f.row.state.saved > seen[f.row.label] + 10
+            assert local.row.source == "journal" and remote.row.source == "ssh/journal"
+            words, _ = panels.connection_text(local.row, time.time())
+            assert words.startswith("journal (journal): daemon up, socket unreachable")
+        finally:
+            for t in tasks:
+                t.cancel()
+            for t in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
