@@ -348,6 +348,7 @@ async def test_catch_up_beyond_the_limit_gets_the_snapshot_only(tmp_path) -> Non
     await d.server.start()
     await d.emit(100)
     c = await Client.connect(d.path, since=5)  # 94 records behind: more than allowed
+    await c.read_until(lambda m: len(m) >= 1)
     await d.emit(2, start_idx=500)
     await c.read_until(record_seq_is(101))
     assert c.msgs[0].state.seq == 99
