@@ -89,6 +89,19 @@ def test_failures_rising_is_a_warning_only_while_recent() -> None:
     assert Report.judge([row(running(extra=[old]))], NOW).exit_code == OK
     retried = ev.SampleFailed(ts=NOW - 60, idx=5, error="E", retry=True)
     assert Report.judge([row(running(extra=[retried]))], NOW).exit_code == OK
+    # A steady trickle (1 in 500) is not "rising"; 6 in 500 is.
+    saves = [
+        ev.SampleSaved(
+            ts=NOW - 250 + i * 0.5, idx=100 + i, path="p", bytes=1, tokens=1, checksum=""
+        )
+        for i in range(499)
+    ]
+    one = row(running(extra=[*saves, fail]))
+    assert Report.judge([one], NOW).exit_code == OK
+    fails = [ev.SampleFailed(ts=NOW - 10, idx=900 + k, error="E") for k in range(6)]
+    six = row(running(extra=[*saves, *fails]))
+    r = Report.judge([six], NOW)
+    assert r.exit_code == WARNING and "6 of the last 506 samples failed" in r.messages[0]
 
 
 def test_severity_order_and_text() -> None:

@@ -4,8 +4,9 @@ Policy (monitoring-plugins convention, so ``--once`` doubles as a health check):
 
 * **0 OK** - every shard is running healthily or finished;
 * **1 WARNING** - a shard is stalled (paused, or nothing saved / no record for a while),
-  was stopped cleanly with work left, permanent failures were recorded in the last
-  5 minutes ("failures rising"), or the rest of the job is projected not to fit on disk;
+  was stopped cleanly with work left, more than 1 % of the samples finished in the last
+  5 minutes failed for good ("failures rising"), or the rest of the job is projected not
+  to fit on disk;
 * **2 CRITICAL** - a daemon is down with work left (crashed: no lock holder, no socket),
   a run failed (stopped with a non-zero exit code), or the output filesystem is full;
 * **3 UNKNOWN** - nothing to judge: no socket and no journal found (or a host unreachable).
@@ -17,22 +18,34 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from eagle3proto.reducer import ShardState
+
 from . import fmt
 from .model import Row, health
 
 OK, WARNING, CRITICAL, UNKNOWN = 0, 1, 2, 3
-#: A permanent failure this recent while the job runs counts as "failures rising".
+#: "Failures rising": more than this share of the samples finished in the window failed.
 FAILURE_WINDOW_S = 300.0
+FAILURE_SHARE = 0.01
 
 EXIT_CODES_HELP = """\
 exit codes (--once):
   0  OK: running healthily, or finished
   1  WARNING: stalled (paused, nothing saved for 120 s, or silent for 30 s), stopped
-     cleanly with work left, failures in the last 5 min, or disk projected to run out
+     cleanly with work left, >1% of the samples of the last 5 min failed, or disk
+     projected to run out
   2  CRITICAL: daemon down with work left (no lock holder and no socket), run failed
      (stopped with a non-zero exit code), or output filesystem full
   3  UNKNOWN: no socket and no journal found (or a remote host unreachable)
 """
+
+
+def recent_failures(s: ShardState, now: float) -> tuple[int, int]:
+    """(permanent failures, samples finished) within the last FAILURE_WINDOW_S before now."""
+    since = now - FAILURE_WINDOW_S
+    failed = sum(1 for e in s.errors if not e.retry and since <= e.ts <= now)
+    saved = sum(b.samples for b in s.history if since <= b.t <= now)
+    return failed, failed + saved
 
 
 @dataclass
@@ -70,10 +83,11 @@ class Report:
             bucket = self.critical if "disk" in h.reason.lower() else self.warnings
             bucket.append(f"{who}: stalled: {h.reason}")
         if h.state in ("running", "stalled"):
-            last_fail = s.changed.get("failed")
-            if last_fail is not None and now - last_fail <= FAILURE_WINDOW_S and v.failed:
+            failed, done = recent_failures(s, now)
+            if failed and failed > FAILURE_SHARE * done:
                 self.warnings.append(
-                    f"{who}: failures rising: {v.failed} failed, last {fmt.age(now - last_fail)}"
+                    f"{who}: failures rising: {failed} of the last {done} samples failed"
+                    f" ({FAILURE_WINDOW_S / 60:.0f} min)"
                 )
             proj = fmt.project_disk(v, fmt.find_disk(s.stats, "output"))
             if proj is not None and proj.full:
