@@ -269,3 +269,51 @@ def test_long_run_keeps_a_bounded_rate_window(tmp_path) -> None:
     assert s.history[0].t == int(t0) + 2000 - reducer.HISTORY_SECONDS + 1
     v = reducer.view(s, t0 + 2000.5)
     assert v.rate_1m.samples_s == pytest.approx(1.0, rel=0.05)
+
+
+def test_no_arguments_finds_daemons_by_their_runtime_sockets(tmp_path) -> None:
+    """`eagle3-top` with no arguments (here, and on a remote host) finds running daemons."""
+    runtime = tmp_path / "xdg"
+    runtime.mkdir()
+    out = str(tmp_path / "out")
+    env = {"XDG_RUNTIME_DIR": str(runtime)}
+    old = os.environ.get("XDG_RUNTIME_DIR")
+    os.environ["XDG_RUNTIME_DIR"] = str(runtime)  # the source takes the default socket path
+    try:
+        with event_source(out, "--total", "100000", "--rate", "300", "--bytes", "1000"):
+            sock = paths.default_socket_path(os.path.abspath(out), paths.Shard(0, 1))
+            assert sock.startswith(str(runtime / "eagle3d"))
+            elsewhere = tmp_path / "cwd"
+            elsewhere.mkdir()
+            p = subprocess.run(
+                [EAGLE3_TOP, "--once", "--json"],
+                capture_output=True,
+                text=True,
+                cwd=elsewhere,
+                env={**os.environ, **env},
+                check=False,
+            )
+            doc = json.loads(p.stdout)
+            assert (doc["state"], p.returncode) == ("running", 0), doc
+            assert doc["shards"][0]["output"] == os.path.abspath(out)
+            remote = top(
+                "--once",
+                "--json",
+                "nodeR",
+                env={**env, "EAGLE3_TOP_SSH": FAKE_SSH, "EAGLE3_TOP_REMOTE": EAGLE3_TOP},
+            )
+            assert json.loads(remote.stdout)["shards"][0]["source"] == "ssh/socket"
+    finally:
+        if old is None:
+            os.environ.pop("XDG_RUNTIME_DIR", None)
+        else:
+            os.environ["XDG_RUNTIME_DIR"] = old
+    p = subprocess.run(
+        [EAGLE3_TOP, "--once"],
+        capture_output=True,
+        text=True,
+        cwd=elsewhere,
+        env={**os.environ, **env},
+        check=False,
+    )
+    assert p.returncode == 3  # the daemon is gone and nothing else is known

@@ -355,3 +355,22 @@ async def test_catch_up_beyond_the_limit_gets_the_snapshot_only(tmp_path) -> Non
     assert c.seqs() == [100, 101]
     c.close()
     await d.close()
+
+
+async def test_socket_path_at_the_sun_path_limit(tmp_path) -> None:
+    """A 107-byte path (the most sun_path holds) works; the temporary name must fit too."""
+    base = str(tmp_path)
+    pad = 107 - len(base) - len("/s.sock") - 1
+    assert pad > 2
+    deep = os.path.join(base, "d" * pad)
+    path = os.path.join(deep, "s.sock")
+    assert len(path) == 107
+    d = Daemon(str(tmp_path))
+    d.server.path = path
+    await d.server.start()
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o660
+    c = await Client.connect(path, mode="once")
+    await c.read_until(lambda m: False)
+    assert isinstance(c.msgs[0], wire.Snapshot)
+    await d.close()
+    assert not os.path.exists(path)

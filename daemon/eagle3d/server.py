@@ -37,7 +37,7 @@ from eagle3proto import events as ev
 from eagle3proto import wire
 from eagle3proto.codec import HEADER_SIZE, encode_frame, scan
 from eagle3proto.journal import list_segments
-from eagle3proto.paths import Shard
+from eagle3proto.paths import MAX_SOCKET_PATH, Shard
 from eagle3proto.reducer import ShardState
 
 log = logging.getLogger("eagle3d.server")
@@ -419,7 +419,10 @@ def _bind_socket(path: str) -> socket.socket:
     parent = os.path.dirname(path) or "."
     os.makedirs(parent, mode=0o750, exist_ok=True)
     _check_stale(path)
-    tmp = os.path.join(parent, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    # A short temporary name: sun_path holds 107 bytes, and the final path may be close.
+    tmp = os.path.join(parent, f".e3d-{os.getpid()}.tmp")
+    if len(os.fsencode(tmp)) > MAX_SOCKET_PATH:
+        tmp = path  # no room for a rename: bind in place (chmod follows at once)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(tmp)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -428,12 +431,14 @@ def _bind_socket(path: str) -> socket.socket:
         os.chmod(tmp, 0o660)
         sock.listen(128)
         sock.setblocking(False)
-        _check_stale(path)
-        os.replace(tmp, path)
+        if tmp != path:
+            _check_stale(path)
+            os.replace(tmp, path)
     except BaseException:
         sock.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        if tmp != path:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
         raise
     return sock
 

@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import glob
 import os
 import shlex
 import socket
+import stat
 import subprocess
 import time
 from collections.abc import Callable
@@ -89,16 +91,39 @@ class Target:
         return out
 
 
+def runtime_sockets(env: dict[str, str] | None = None) -> list[str]:
+    """Daemon sockets in the standard runtime places: ``/run/eagle3d/[JOB/]`` (systemd's
+    RuntimeDirectory) and ``$XDG_RUNTIME_DIR/eagle3d/`` (a user's run)."""
+    env = dict(os.environ) if env is None else env
+    roots = ["/run/eagle3d"]
+    if env.get("XDG_RUNTIME_DIR"):
+        roots.append(os.path.join(env["XDG_RUNTIME_DIR"], "eagle3d"))
+    found: list[str] = []
+    for root in roots:
+        for pattern in ("*.sock", "*/*.sock"):
+            found.extend(sorted(glob.glob(os.path.join(root, pattern))))
+    return [p for p in found if _is_socket(p)]
+
+
+def _is_socket(path: str) -> bool:
+    try:
+        return stat.S_ISSOCK(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
 def discover(output: str | None, sock: str | None) -> list[Target]:
-    """The shards to watch for ``--output``/``--socket`` (cwd when it holds a journal)."""
+    """The shards to watch for ``--output``/``--socket``; with neither, the journal in the
+    current directory, else every daemon socket in the standard runtime places."""
     if not output and not sock and os.path.isdir(paths.state_dir(".")):
         output = "."
+    if not output and not sock:
+        return [
+            Target(label=os.path.basename(p).removesuffix(".sock"), socket=p)
+            for p in runtime_sockets()
+        ]
     if not output:
-        return (
-            [Target(label=os.path.basename(sock or "") or "socket", socket=sock or "")]
-            if sock
-            else []
-        )
+        return [Target(label=os.path.basename(sock or "") or "socket", socket=sock or "")]
     output = os.path.abspath(output)
     found = paths.shard_dirs(output)
     if not found:
@@ -233,6 +258,7 @@ def once_local(t: Target) -> Row:
         row.state = snap.state
         row.source, row.alive, row.conn = "socket", True, "live"
         row.host = snap.host or row.host
+        row.output = snap.output or row.output
         return row
     if t.jdir and list_segments(t.jdir):
         state = reducer.new_state()
