@@ -18,7 +18,9 @@ EPILOG = (
     EXIT_CODES_HELP
     + """
 sources, in order: --socket; the socket named by the newest run_started record in the
-journal; the default socket path; else the journal itself, followed live.
+journal; the default socket path; else the journal itself, followed live. With neither
+--output nor --socket: the journal in the current directory, else every daemon socket in
+/run/eagle3d and $XDG_RUNTIME_DIR/eagle3d.
 liveness: a socket that answers means up; otherwise the daemon's shard lock
 (OUTPUT/.eagle3d/shard-I-of-N.lock) held in /proc/locks means up, not held means down.
 
