@@ -26,6 +26,7 @@ from typing import Any
 
 from eagle3proto import events as ev
 from eagle3proto import paths, reducer
+from eagle3proto.fileops import OsFileOps
 from eagle3proto.journal import JournalError, JournalWriter
 from eagle3proto.paths import Shard
 
@@ -70,26 +71,18 @@ class Pending:
     dump_path: str = ""
 
 
-class _FaultFileOps:
+class _FaultFileOps(OsFileOps):
     """Journal file operations with the whitebox kill points that live inside an append."""
-
-    def __init__(self) -> None:
-        from eagle3proto.fileops import OsFileOps
-
-        self._os = OsFileOps()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._os, name)
 
     def write(self, fd: int, data: bytes | memoryview) -> int:
         if len(data) > 16 and faults.hit("kill:mid_frame") is not None:
             os.write(fd, bytes(data)[: len(data) // 2])
             os._exit(137)
-        return self._os.write(fd, data)
+        return super().write(fd, data)
 
     def fdatasync(self, fd: int) -> None:
         faults.kill_point("after_append_before_sync")
-        self._os.fdatasync(fd)
+        super().fdatasync(fd)
 
 
 class Daemon:
