@@ -131,20 +131,27 @@ def launch(log_path: str, argv: list[str]) -> int:
     """Run ``eagle3d`` in this process with the forgetful layer under the journal."""
     from eagle3d import cli, runner
 
-    ops = ForgetfulFileOps(log_path)
+    notes = ForgetfulFileOps(log_path)  # the same O_APPEND log, for "published" lines
+    base: Any = runner._FaultFileOps
 
-    class FaultForgetful(runner._FaultFileOps):
-        """The daemon's own kill points, over the forgetful layer instead of the OS."""
+    if issubclass(base, OsFileOps):
+        # The kill points subclass OsFileOps: slot the forgetful layer in beneath them.
+        class FaultForgetful(base, ForgetfulFileOps):
+            def __init__(self) -> None:
+                ForgetfulFileOps.__init__(self, log_path)
 
-        def __init__(self) -> None:
-            self._os = ops
+    else:
+        # The kill points delegate to an inner OsFileOps: make that one forgetful.
+        class FaultForgetful(base):  # type: ignore[no-redef]
+            def __init__(self) -> None:
+                self._os = ForgetfulFileOps(log_path)
 
     runner._FaultFileOps = FaultForgetful
     original = runner.Daemon._published
 
     def published(self: runner.Daemon, e: Any) -> None:
         if getattr(e, "kind", "") in ("sample_saved", "sample_failed"):
-            ops.note("published", e.kind, e.idx, e.seq)
+            notes.note("published", e.kind, e.idx, e.seq)
         original(self, e)
 
     runner.Daemon._published = published
