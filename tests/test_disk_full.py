@@ -220,3 +220,38 @@ def test_journal_and_output_both_full_then_a_file_is_deleted(
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     runkit.assert_complete(out, valid, malformed)
+
+
+def test_full_before_the_first_commit_is_still_journaled(
+    tiny_model_dir: Path, tmpfs: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """The disk fills before any commit, so a failed commit frees nothing: the paused state
+    must still reach the journal (and so the monitor) while the disk is full."""
+    fs = tmpfs("4m")
+    data, out = tmp_path / "data.jsonl", fs / "out"
+    valid, malformed = runkit.dataset(data, 10)
+    log = tmp_path / "log"
+    proc = runkit.start(tiny_model_dir, data, out, "--dump-dir", str(tmp_path / "dumps"), log=log)
+    try:
+        runkit.wait_for(lambda: b" up; window " in log.read_bytes(), 90, "the producer")
+        filler = _fill(fs)
+        runkit.wait_for(lambda: b"paused: disk full" in log.read_bytes(), 60, "the pause")
+        time.sleep(2)
+        paused = [r for r in runkit.records(out, "run_state") if r.get("state") == "paused"]
+        assert paused, "the paused state must be in the journal while the disk is full"
+        c = runkit.check(out)
+        assert not c.bad and not c.torn_tail and c.temp_files == 0, c.bad
+        top = subprocess.run(
+            [sys.executable, "-m", "eagle3top.cli", "--once", "--output", str(out)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert top.returncode == 2 and "disk" in top.stdout.lower(), top.stdout
+        filler.unlink()
+        assert proc.wait(timeout=120) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    runkit.assert_complete(out, valid, malformed)
