@@ -98,6 +98,7 @@ class Daemon:
         self.inflight: dict[str, Pending] = {}
         self.by_idx: dict[int, Pending] = {}
         self.retry_commits: list[Pending] = []
+        self.unrecorded: list[Any] = []  # bad lines whose sample_failed the journal refused
         self.orphans = 0
         self.paused = ""
         self.stopping = ""
@@ -379,7 +380,8 @@ class Daemon:
                 await self.wake.wait()
             if self.stopping:
                 return
-            item = await self.queue.get()
+            # Failures that could not be journaled (disk full) go first once resumed.
+            item = self.unrecorded.pop(0) if self.unrecorded else await self.queue.get()
             if item is _END:
                 self.feed_done = True
                 self._check_done()
@@ -388,10 +390,15 @@ class Daemon:
                 # Say it in the foreground too, naming the file: the record alone is only
                 # visible to someone who already knows to look at the journal.
                 log.warning("%s: %s", self.cfg.dataset, item)
-                self.status[item.idx] = FAILED
-                self._append(
-                    ev.SampleFailed(idx=item.idx, error=item.error, message=str(item), attempt=0)
+                failed = ev.SampleFailed(
+                    idx=item.idx, error=item.error, message=str(item), attempt=0
                 )
+                if not self._append(failed):
+                    # Not in the journal (a full disk pauses us): keep it for after the
+                    # resume, or the run would finish counting a failure nobody recorded.
+                    self.unrecorded.append(item)
+                    continue
+                self.status[item.idx] = FAILED
                 continue
             self._send(item)
 
@@ -640,11 +647,15 @@ class Daemon:
 
     # -- publishing ----------------------------------------------------------------------------
 
-    def _append(self, event: ev.Event) -> None:
-        """Append from the loop thread; a full disk pauses, other journal failures stop."""
+    def _append(self, event: ev.Event) -> bool:
+        """Append from the loop thread; a full disk pauses, other journal failures stop.
+
+        Returns whether the record is in the journal.
+        """
         assert self.journal is not None
         try:
             self.journal.append(event)
+            return True
         except JournalError as e:
             if e.errno in DISK_FULL:
                 self._pause(f"disk full writing the journal: {e}")
@@ -653,6 +664,7 @@ class Daemon:
                 self._exit_code = EXIT_INTERNAL
                 self.stopping = f"journal failure: {e}"
                 self.done.set()
+            return False
 
     def _published_threadsafe(self, e: ev.Event) -> None:
         loop = getattr(self, "loop", None)
