@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
+import json
 import subprocess
 import sys
 import tomllib
@@ -31,11 +31,25 @@ def test_console_scripts() -> None:
     assert scripts == {"eagle3d": "eagle3d.cli:main", "eagle3-top": "eagle3top.cli:main"}
 
 
-def test_no_bare_top_level_modules_installed() -> None:
-    for bare in ("daemon", "tui", "shared"):
-        assert importlib.util.find_spec(bare) is None, bare
-    for pkg in ("eagle3d", "eagle3top", "eagle3proto"):
-        assert importlib.util.find_spec(pkg) is not None
+def test_no_bare_top_level_modules_installed(tmp_path: Path) -> None:
+    # Run from elsewhere: the repository root itself would shadow what is installed.
+    code = (
+        "import importlib.util as u, json; "
+        "print(json.dumps({m: u.find_spec(m) is not None for m in "
+        "('daemon', 'tui', 'shared', 'eagle3d', 'eagle3top', 'eagle3proto')}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path
+    ).stdout
+    found = json.loads(out)
+    assert found == {
+        "daemon": False,
+        "tui": False,
+        "shared": False,
+        "eagle3d": True,
+        "eagle3top": True,
+        "eagle3proto": True,
+    }
 
 
 def loaded_after(code: str) -> set[str]:
