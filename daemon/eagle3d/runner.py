@@ -174,6 +174,7 @@ class Daemon:
         self.resume = job.ResumeFold(self.status, self.state)
         self.journal.open(self.resume.sink)
         self.run_id = self.journal.run_id
+        self._make_reserve()
         forced = job.check_fingerprint(
             self.resume.last_started, self.job, cfg.force_resume, self.output
         )
@@ -548,8 +549,36 @@ class Daemon:
             return
         self.paused = reason
         log.error("paused: %s; will resume when space is freed", reason)
-        self._append(ev.RunState(state="paused", reason=reason))
+        state = ev.RunState(state="paused", reason=reason)
+        if not self._append(state) and self._release_reserve():
+            self._append(state)  # the journal's own disk is full: spend the reserve on it
         self._notify("status", f"PAUSED: {reason}")
+
+    # A small file beside the journal, given back on a full disk so that the paused state
+    # can always be journaled (and so seen by monitors); made again after the resume.
+    RESERVE_BYTES = 64 << 10
+
+    def _reserve_path(self) -> str:
+        return os.path.join(paths.journal_dir(self.output, self.shard), ".reserve")
+
+    def _make_reserve(self) -> None:
+        path = self._reserve_path()
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                os.posix_fallocate(fd, 0, self.RESERVE_BYTES)
+            finally:
+                os.close(fd)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(path)  # no room for it now: try again after the next resume
+
+    def _release_reserve(self) -> bool:
+        try:
+            os.unlink(self._reserve_path())
+        except OSError:
+            return False
+        return True
 
     def _maybe_resume(self) -> None:
         if not self.paused:
@@ -569,6 +598,7 @@ class Daemon:
         self.paused = ""
         log.info("disk space available again (%d bytes free); resuming", free)
         self._append(ev.RunState(state="running", reason="disk space freed"))
+        self._make_reserve()
         retry, self.retry_commits = self.retry_commits, []
         for p in retry:
             self._submit_commit(p)
