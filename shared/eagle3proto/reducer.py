@@ -88,22 +88,27 @@ def new_state() -> ShardState:
 
 def apply(s: ShardState, e: ev.Event | ev.Unknown) -> None:
     """Fold one event into the state (in place)."""
-    s.seq = e.seq
-    s.run = e.run
-    if not s.first_ts:
-        s.first_ts = e.ts
-    kind = e.kind
-    s.last_ts[kind] = e.ts
-    handler = _HANDLERS.get(kind)
-    if handler is None:
-        s.unknown_kinds += 1
-        return
-    handler(s, e)
+    apply_all(s, (e,))
 
 
 def apply_all(s: ShardState, events: Iterable[ev.Event | ev.Unknown]) -> ShardState:
+    """Fold events in order (in place); returns the state."""
+    dispatch = _DISPATCH
+    last_ts = s.last_ts
+    e = None
     for e in events:
-        apply(s, e)
+        if not s.first_ts:
+            s.first_ts = e.ts
+        entry = dispatch.get(type(e))
+        if entry is None:  # an Unknown record from a newer eagle3d
+            last_ts[e.kind] = e.ts
+            s.unknown_kinds += 1
+            continue
+        last_ts[entry[0]] = e.ts
+        entry[1](s, e)
+    if e is not None:
+        s.seq = e.seq
+        s.run = e.run
     return s
 
 
@@ -249,6 +254,11 @@ _HANDLERS: dict[str, Callable[[ShardState, Any], None]] = {
     "run_stopped": _stopped,
     "run_finished": _finished,
     "recovered": _recovered,
+}
+
+#: event type -> (kind, handler): a type lookup is far cheaper than reading the tag per record.
+_DISPATCH: dict[type, tuple[str, Callable[[ShardState, Any], None]]] = {
+    t: (k, _HANDLERS[k]) for k, t in ev.KINDS.items()
 }
 
 
