@@ -242,3 +242,28 @@ def test_second_daemon_on_the_same_shard_is_refused(tiny_model_dir: Path, tmp_pa
     finally:
         first.terminate()
         first.wait(timeout=60)
+
+
+def test_sigterm_during_model_load_stops_cleanly(tiny_model_dir: Path, tmp_path: Path) -> None:
+    import time
+
+    from eagle3proto.journal import iter_events
+
+    data = write_jsonl(tmp_path / "d.jsonl", conversations(20))
+    out = tmp_path / "out"
+    proc = start(tiny_model_dir, data, out)
+    jdir = paths.journal_dir(str(out), paths.Shard())
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # wait for run_started: the worker is loading now
+        evs = iter_events(jdir)[0] if Path(jdir).is_dir() else []
+        if any(isinstance(e, ev.RunStarted) for e in evs):
+            break
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0
+    evs = events(out)
+    assert not any(isinstance(e, ev.SampleSent) for e in evs)  # the signal beat the producer
+    assert isinstance(evs[-1], ev.RunStopped) and "while starting" in evs[-1].reason
+    r = run(tiny_model_dir, data, out)
+    assert r.returncode == 0, r.stderr
+    assert sorted(e.idx for e in events(out) if isinstance(e, ev.SampleSaved)) == list(range(20))

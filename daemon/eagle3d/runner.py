@@ -116,6 +116,7 @@ class Daemon:
         self.wake = asyncio.Event()
         self.done = asyncio.Event()
         self._feed_stop = threading.Event()
+        self._pipeline_started = False
         self._lock: ShardLock | None = None
 
     # -- the whole lifecycle -------------------------------------------------------------------
@@ -123,12 +124,18 @@ class Daemon:
     async def run(self) -> int:
         self.loop = asyncio.get_running_loop()
         self._setup_notify()
+        # Handlers first: a SIGTERM during the journal replay or the model load must still
+        # end in a clean stop rather than Python's default of dying on the spot.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self.loop.add_signal_handler(sig, self._on_signal, sig)
         try:
             try:
                 await self._start()
             except Fatal as e:
                 log.error("%s", e)
                 return e.code
+            if self.stopping:
+                return EXIT_OK
             if self._already_done():
                 # A Type=notify unit that exits 0 before READY=1 fails with 'protocol' and
                 # is restarted: a finished job started again at boot must be a clean no-op.
@@ -243,14 +250,23 @@ class Daemon:
         for path in self.watcher.scan() + self.watcher.stale_temp_files():
             self._orphan(path, "left by an earlier run")
         self.commit_pool = ThreadPoolExecutor(cfg.commit_threads, thread_name_prefix="commit")
+        starting = asyncio.create_task(self._start_producer())
+        stop = asyncio.create_task(self.done.wait())
+        await asyncio.wait({starting, stop}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if self.stopping:  # a signal during the model load: stop without starting work
+            starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Fatal):
+                await starting
+            self._append(ev.RunStopped(reason=f"{self.stopping} while starting", exit_code=EXIT_OK))
+            return EXIT_OK
         try:
-            await self._start_producer()
+            starting.result()
         except Fatal as e:
             log.error("%s", e)
             self._append(ev.RunStopped(reason=str(e), exit_code=e.code))
             return e.code
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            self.loop.add_signal_handler(sig, self._on_signal, sig)
+        self._pipeline_started = True
         self.queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=max(8, self.window))
         feeder = threading.Thread(target=self._feed, name="feeder", daemon=True)
         feeder.start()
@@ -720,6 +736,10 @@ class Daemon:
         self.stopping = f"signal {name}"
         self._feed_stop.set()
         self._notify("stopping")
+        if not self._pipeline_started:
+            log.info("%s before the pipeline started: stopping", name)
+            self.done.set()
+            return
         log.info("%s: stopping; draining %d sample(s) in flight", name, len(self.inflight))
         self._append(ev.RunState(state="draining", reason=self.stopping))
         self.wake.set()
