@@ -5,6 +5,8 @@ measured in the same run on this machine.
   forward loop of the same model and batch policy in one process (no dumps, no commits).
 * ``serial``: daemon samples/s against a re-creation of the serial client of the seed story
   (send one request, wait for its dump, load it, ``torch.save``, next) on the same producer.
+* ``gpu-like``: the same comparison against a producer modelled on a GPU server (a fixed
+  0.3 s per batch, as the seed story's ``req_time``), where overlapping saves is what matters.
 * ``commit``: committed MB/s with the synthetic producer (dumps at memory speed) against
   ``dd`` with ``conv=fdatasync`` writing the same number of bytes to the same disk.
 * ``rss``: peak RSS of the daemon process for a small and a 10x larger dataset.
@@ -28,7 +30,6 @@ from importlib import resources
 from pathlib import Path
 
 import psutil
-
 from eagle3proto import events as ev
 from eagle3proto import paths
 from eagle3proto.journal import iter_events
@@ -90,9 +91,19 @@ class RssSampler:
 def run_daemon(model: Path, dataset: str, out: Path, *extra: str) -> dict[str, float]:
     """Run ``eagle3d run``; rates over the working span (first send .. finish) from the journal."""
     cmd = [sys.executable, "-m", "eagle3d", "run", "--model", str(model), "--dataset", dataset]
-    cmd += ["--output", str(out), "--dump-dir", str(out) + "-dumps", "--socket", str(out) + ".sock", *extra]
+    cmd += [
+        "--output",
+        str(out),
+        "--dump-dir",
+        str(out) + "-dumps",
+        "--socket",
+        str(out) + ".sock",
+        *extra,
+    ]
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     rss = RssSampler(proc.pid)
     _, err = proc.communicate()
     rss.stop()
@@ -121,9 +132,8 @@ def run_daemon(model: Path, dataset: str, out: Path, *extra: str) -> dict[str, f
 def bare_forward(model: Path, samples: list[list[int]]) -> float:
     """Tokens/s of the worker's batch policy and capture, in-process, without dumps."""
     import torch
-    from transformers import AutoModelForCausalLM
-
     from eagle3d.producers.hf_worker import Capture, plan_batches
+    from transformers import AutoModelForCausalLM
 
     m = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32).eval()
     n = m.config.num_hidden_layers
@@ -154,7 +164,6 @@ def serial_client(model: Path, samples: list[list[int]], out: Path) -> float:
     """The seed story's loop: one request, wait for its dump, load, torch.save, next."""
     import msgspec
     import torch
-
     from eagle3d.dump import dump_path, read_dump
     from eagle3proto.codec import encode_frame
     from eagle3proto.wire import FrameBuffer
@@ -201,6 +210,54 @@ def serial_client(model: Path, samples: list[list[int]], out: Path) -> float:
     return rate
 
 
+def serial_synthetic(model: Path, data: str, out: Path, latency: float, n: int) -> float:
+    """The seed story's loop against the GPU-like synthetic producer (same knobs)."""
+    import asyncio
+
+    import torch
+    from eagle3d.chat import ChatEncoder
+    from eagle3d.dataset import iter_lines, parse_line
+    from eagle3d.dump import dump_path, read_dump
+    from eagle3d.producers.base import Request
+    from eagle3d.producers.synthetic import SyntheticProducer
+
+    cfg = json.loads((model / "config.json").read_text())
+    n_layers = cfg["num_hidden_layers"]
+    enc = ChatEncoder.from_pretrained(str(model))
+    samples = [enc.encode(parse_line(i, raw)).input_ids for i, raw in iter_lines(data)][:n]
+    dump_dir = out / "serial-synthetic-dumps"
+    dump_dir.mkdir(parents=True)
+    prod = SyntheticProducer(
+        dump_dir=str(dump_dir),
+        hidden_size=cfg["hidden_size"],
+        aux_layers=[2, n_layers // 2, n_layers - 3],
+        latency_s=latency,
+        batch=32,
+    )
+    asyncio.run(prod.start())
+    t = time.perf_counter()
+    for i, ids in enumerate(samples):
+        rid = f"serial-{i}"
+        prod.submit(Request(rid, i, ids))
+        path = dump_path(str(dump_dir), rid)
+        while not os.path.exists(path):
+            time.sleep(0.001)
+        d = read_dump(path)
+        torch.save(
+            {
+                "input_ids": d.input_ids,
+                "loss_mask": torch.ones_like(d.input_ids),
+                "hidden_state": d.hidden_state[None],
+                "aux_hidden_state": d.aux_hidden_state[None],
+            },
+            out / f"serial_{i}.ckpt",
+        )
+        os.unlink(path)
+    rate = len(samples) / (time.perf_counter() - t)
+    asyncio.run(prod.stop())
+    return rate
+
+
 def big_model_dir(d: Path, hidden: int, layers: int, tokenizer_from: Path) -> Path:
     """config.json of a big model plus the tiny tokenizer: enough for the synthetic producer."""
     m = d / f"config-only-h{hidden}"
@@ -219,7 +276,9 @@ def pretokenized(path: Path, n: int, tokens: int, vocab: int, seed: int = 0) -> 
     with open(path, "w") as f:
         for _ in range(n):
             ids = [rnd.randrange(7, vocab) for _ in range(tokens)]
-            f.write(json.dumps({"input_ids": ids, "loss_mask": [i % 2 for i in range(tokens)]}) + "\n")
+            f.write(
+                json.dumps({"input_ids": ids, "loss_mask": [i % 2 for i in range(tokens)]}) + "\n"
+            )
     return str(path)
 
 
@@ -239,46 +298,139 @@ def dd_rate(d: Path, nbytes: int) -> float:
 
 def main() -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("which", nargs="?", default="all", choices=("forward", "serial", "commit", "rss", "all"))
+    p.add_argument(
+        "which",
+        nargs="?",
+        default="all",
+        choices=("forward", "serial", "gpu-like", "commit", "rss", "all"),
+    )
     p.add_argument("--markdown", action="store_true")
     p.add_argument("--dir", default=None)
     args = p.parse_args()
-    base = Path(args.dir or tempfile.mkdtemp(prefix="bench-pipeline-", dir=os.path.dirname(os.path.abspath(__file__))))
+    base = Path(
+        args.dir
+        or tempfile.mkdtemp(
+            prefix="bench-pipeline-", dir=os.path.dirname(os.path.abspath(__file__))
+        )
+    )
     base.mkdir(parents=True, exist_ok=True)
     rows: list[tuple[str, str, str, str]] = []
     try:
         model = build_model(base)
         if args.which in ("forward", "serial", "all"):
             samples = encoded_samples(model, DEMO)
-            d = run_daemon(model, DEMO, base / "out-daemon", "--batch-tokens", str(BATCH_TOKENS), "--concurrency", str(WINDOW))
+            d = run_daemon(
+                model,
+                DEMO,
+                base / "out-daemon",
+                "--batch-tokens",
+                str(BATCH_TOKENS),
+                "--concurrency",
+                str(WINDOW),
+            )
             if args.which in ("forward", "all"):
                 bare = bare_forward(model, samples)
-                rows.append(("end-to-end tokens/s, HF producer h256/L8 fp32, 297 demo samples",
-                             f"{d['tokens_s']:,.0f} tok/s", f"bare forward loop, same batch policy: {bare:,.0f} tok/s",
-                             f"{d['tokens_s'] / bare:.2f}"))
+                rows.append(
+                    (
+                        "end-to-end tokens/s, HF producer h256/L8 fp32, 297 demo samples",
+                        f"{d['tokens_s']:,.0f} tok/s",
+                        f"bare forward loop, same batch policy: {bare:,.0f} tok/s",
+                        f"{d['tokens_s'] / bare:.2f}",
+                    )
+                )
             if args.which in ("serial", "all"):
                 sub = samples[:60]
                 serial = serial_client(model, sub, base / "serial")
-                rows.append(("samples/s, daemon (same run as above)", f"{d['samples_s']:.1f} samples/s",
-                             f"serial client (send, wait, load, torch.save), 60 samples: {serial:.1f} samples/s",
-                             f"{d['samples_s'] / serial:.1f}"))
-            rows.append(("peak RSS, daemon process / HF worker", f"{d['rss'] / 2**20:.0f} MiB / {d['children_rss'] / 2**20:.0f} MiB", "", ""))
+                rows.append(
+                    (
+                        "samples/s, daemon (same run as above)",
+                        f"{d['samples_s']:.1f} samples/s",
+                        f"serial client (send, wait, load, torch.save), 60 samples: {serial:.1f} samples/s",
+                        f"{d['samples_s'] / serial:.1f}",
+                    )
+                )
+            rows.append(
+                (
+                    "peak RSS, daemon process / HF worker",
+                    f"{d['rss'] / 2**20:.0f} MiB / {d['children_rss'] / 2**20:.0f} MiB",
+                    "",
+                    "",
+                )
+            )
+        if args.which in ("gpu-like", "all"):
+            big = big_model_dir(base, 4096, 32, model)
+            data = pretokenized(base / "gpu-like.jsonl", 64, 1024, 1000, seed=7)
+            lat = 0.3  # the seed story's req_time per request, served in batches of 32
+            os.environ["EAGLE3D_SYNTHETIC_LATENCY_S"] = str(lat)
+            try:
+                g = run_daemon(
+                    big,
+                    data,
+                    base / "out-gpu-like",
+                    "--backend",
+                    "synthetic",
+                    "--concurrency",
+                    "32",
+                    "--commit-threads",
+                    "3",
+                )
+            finally:
+                del os.environ["EAGLE3D_SYNTHETIC_LATENCY_S"]
+            serial = serial_synthetic(big, data, base / "serial-gpu-like", lat, 12)
+            rows.append(
+                (
+                    f"samples/s against a GPU-like producer (0.3 s per batch of up to 32, as the seed story's req_time), {g['samples']} samples x {g['bytes'] / g['samples'] / 1e6:.0f} MB",
+                    f"{g['samples_s']:.2f} samples/s ({g['mb_s']:.0f} MB/s committed)",
+                    f"serial client on the same producer: {serial:.2f} samples/s",
+                    f"{g['samples_s'] / serial:.1f}",
+                )
+            )
         if args.which in ("commit", "all"):
             big = big_model_dir(base, 4096, 32, model)
             data = pretokenized(base / "big.jsonl", 48, 1024, 1000)
-            c = run_daemon(big, data, base / "out-commit", "--backend", "synthetic", "--commit-threads", "3", "--concurrency", "6")
+            c = run_daemon(
+                big,
+                data,
+                base / "out-commit",
+                "--backend",
+                "synthetic",
+                "--commit-threads",
+                "3",
+                "--concurrency",
+                "6",
+            )
             dd = dd_rate(base, int(c["bytes"]))
-            rows.append((f"committed MB/s, synthetic producer, {c['samples']} samples x {c['bytes'] / c['samples'] / 1e6:.0f} MB (bf16, H=4096)",
-                         f"{c['mb_s']:,.0f} MB/s", f"dd bs=16M conv=fdatasync, same bytes: {dd:,.0f} MB/s", f"{c['mb_s'] / dd:.2f}"))
+            rows.append(
+                (
+                    f"committed MB/s, synthetic producer, {c['samples']} samples x {c['bytes'] / c['samples'] / 1e6:.0f} MB (bf16, H=4096)",
+                    f"{c['mb_s']:,.0f} MB/s",
+                    f"dd bs=16M conv=fdatasync, same bytes: {dd:,.0f} MB/s",
+                    f"{c['mb_s'] / dd:.2f}",
+                )
+            )
         if args.which in ("rss", "all"):
             big = big_model_dir(base, 512, 8, model)
             res = []
             for n in (500, 5000):
                 data = pretokenized(base / f"small-{n}.jsonl", n, 64, 1000, seed=n)
-                r = run_daemon(big, data, base / f"out-rss-{n}", "--backend", "synthetic", "--concurrency", "32")
+                r = run_daemon(
+                    big,
+                    data,
+                    base / f"out-rss-{n}",
+                    "--backend",
+                    "synthetic",
+                    "--concurrency",
+                    "32",
+                )
                 res.append((n, r["rss"]))
-            rows.append(("peak RSS of the daemon, synthetic producer", f"{res[0][1] / 2**20:.0f} MiB at {res[0][0]:,} samples",
-                         f"{res[1][1] / 2**20:.0f} MiB at {res[1][0]:,} samples", f"{res[1][1] / res[0][1]:.2f}"))
+            rows.append(
+                (
+                    "peak RSS of the daemon, synthetic producer",
+                    f"{res[0][1] / 2**20:.0f} MiB at {res[0][0]:,} samples",
+                    f"{res[1][1] / 2**20:.0f} MiB at {res[1][0]:,} samples",
+                    f"{res[1][1] / res[0][1]:.2f}",
+                )
+            )
     finally:
         shutil.rmtree(base, ignore_errors=True)
     if args.markdown:
