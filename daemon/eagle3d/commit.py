@@ -38,25 +38,44 @@ class Committed:
 
 
 class ChecksumWriter:
-    """A write-only file object over a descriptor that checksums what passes through it."""
+    """A write-only file object over a descriptor that checksums what passes through it.
+
+    ``torch.save`` writes a sample in dozens of small pieces (zip headers, padding, then the
+    tensor data); pieces under 1 MiB are gathered and written together, so a small sample
+    costs one or two syscalls instead of fifty. Call :meth:`flush` before syncing.
+    """
+
+    BUFFER = 1 << 20
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self.crc = 0
         self.size = 0
+        self._buf = bytearray()
 
     def write(self, data: Any) -> int:
         mv = memoryview(data).cast("B")
         self.crc = zlib.crc32(mv, self.crc)
         n = len(mv)
-        off = 0
-        while off < n:
-            off += os.write(self.fd, mv[off:])
         self.size += n
+        if n < self.BUFFER:
+            self._buf += mv
+            if len(self._buf) >= self.BUFFER:
+                self.flush()
+            return n
+        self.flush()
+        self._write_all(mv)
         return n
 
     def flush(self) -> None:
-        pass
+        if self._buf:
+            self._write_all(memoryview(self._buf))
+            self._buf = bytearray()
+
+    def _write_all(self, mv: memoryview) -> None:
+        off, n = 0, len(mv)
+        while off < n:
+            off += os.write(self.fd, mv[off:])
 
     @property
     def checksum(self) -> str:
@@ -234,6 +253,7 @@ def _save(torch: Any, payload: dict[str, Any], w: ChecksumWriter) -> None:
     """
     try:
         torch.save(payload, w)
+        w.flush()
     except RuntimeError as e:
         cause: BaseException | None = e.__context__
         while cause is not None and not isinstance(cause, OSError):

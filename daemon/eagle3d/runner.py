@@ -240,6 +240,11 @@ class Daemon:
         await self._start_server()
         self.dump_dir = cfg.dump_dir or _default_dump_dir(self.run_id, self.shard)
         self.committer = Committer(self.output)
+        # The daemon's own tensor work (validate, torch.save) is memory-bound: one intra-op
+        # thread, so OpenMP spinning never steals cores from a producer on the same host.
+        import torch
+
+        torch.set_num_threads(1)
         removed = self.committer.clean_temp_files(
             [paths.sample_relpath(i) for i in range(0, len(self.status), paths.GROUP_SIZE)]
         )
@@ -392,7 +397,7 @@ class Daemon:
         from .dataset import BadSample
 
         while True:
-            while (len(self.inflight) >= self.window or self.paused) and not self.stopping:
+            while (self._window_full() or self.paused) and not self.stopping:
                 self.wake.clear()
                 await self.wake.wait()
             if self.stopping:
@@ -418,6 +423,13 @@ class Daemon:
                 self.status[item.idx] = FAILED
                 continue
             self._send(item)
+
+    def _window_full(self) -> bool:
+        # The window counts requests at the producer only: a sample whose dump arrived is
+        # committed in parallel, so a slow commit never starves the producer (this overlap
+        # is the point). Committing samples are bounded separately, to bound the dump area.
+        at_producer = sum(1 for p in self.inflight.values() if p.stage == SENT)
+        return at_producer >= self.window or len(self.inflight) >= 3 * self.window
 
     def _send(self, p: Pending) -> None:
         assert self.producer is not None
@@ -448,6 +460,7 @@ class Daemon:
         except FileNotFoundError:
             return
         p.stage = DUMPED
+        self.wake.set()  # a slot at the producer is free
         p.dump_path = path
         self._append(ev.SampleDumped(idx=p.idx, rid=rid, bytes=size))
         self._submit_commit(p)

@@ -162,10 +162,10 @@ class Worker:
             hid[0, 0] = float("nan")
         return ids, aux, hid
 
-    def take_inbox(self, block: bool) -> bool:
+    def take_inbox(self, block: bool, timeout: float | None = None) -> bool:
         """Move messages from the inbox into ``pending``. False when stdin closed / stop."""
         try:
-            msg = self.inbox.get(block=block, timeout=None)
+            msg = self.inbox.get(block=block, timeout=timeout)
         except queue.Empty:
             return True
         while True:
@@ -182,6 +182,20 @@ class Worker:
             except queue.Empty:
                 return True
 
+    def linger(self, alive: bool, seconds: float = 0.02) -> bool:
+        """Give a burst of requests a moment to land before packing a batch that is not full.
+
+        The daemon sends a window of requests at once; without this the first batch (and any
+        batch started mid-burst) would hold whatever one pipe read happened to deliver.
+        """
+        deadline = time.monotonic() + seconds
+        while alive and sum(map(len, self.pending.values())) < self.budget:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            alive = self.take_inbox(block=True, timeout=left)
+        return alive
+
     def run(self) -> None:
         threading.Thread(target=self.read_stdin, daemon=True).start()
         writer = threading.Thread(target=self.write_loop, daemon=True)
@@ -191,6 +205,7 @@ class Worker:
             alive = self.take_inbox(block=not self.pending)
             if not self.pending:
                 continue
+            alive = self.linger(alive)
             lengths = {rid: len(ids) for rid, ids in self.pending.items()}
             batch = plan_batches(lengths, self.budget)[0]
             self.run_batch(batch)
