@@ -174,6 +174,18 @@ class Committer:
         self._lock = threading.Lock()
         self._n = itertools.count()
 
+    def warm_up(self) -> None:
+        """Pay torch's and safetensors' lazy imports at start, not inside the first commits."""
+        import io
+
+        import torch
+        from safetensors.torch import load, save
+
+        x = {"x": torch.zeros(4, dtype=torch.bfloat16)}
+        torch.save(x, io.BytesIO())
+        load(save(x))
+        all_finite(x["x"])
+
     def clean_temp_files(self, relpaths: list[str]) -> int:
         """Remove stray temp files in the row directories of ``relpaths`` (no tree walk)."""
         removed = 0

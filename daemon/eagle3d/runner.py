@@ -245,6 +245,7 @@ class Daemon:
         import torch
 
         torch.set_num_threads(1)
+        self.committer.warm_up()
         removed = self.committer.clean_temp_files(
             [paths.sample_relpath(i) for i in range(0, len(self.status), paths.GROUP_SIZE)]
         )
