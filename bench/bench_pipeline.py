@@ -160,11 +160,30 @@ def bare_forward(model: Path, samples: list[list[int]]) -> float:
     return tokens / (time.perf_counter() - t)
 
 
+def story_save(dump_dir: Path, rid: str, target: Path) -> None:
+    """The serial script's tail: wait for the dump, load it, ``torch.save`` it, delete it."""
+    import torch
+    from eagle3d.dump import dump_path, read_dump
+
+    path = dump_path(str(dump_dir), rid)
+    while not os.path.exists(path):
+        time.sleep(0.001)
+    d = read_dump(path)
+    torch.save(
+        {
+            "input_ids": d.input_ids,
+            "loss_mask": torch.ones_like(d.input_ids),
+            "hidden_state": d.hidden_state[None],
+            "aux_hidden_state": d.aux_hidden_state[None],
+        },
+        target,
+    )
+    os.unlink(path)
+
+
 def serial_client(model: Path, samples: list[list[int]], out: Path) -> float:
     """The seed story's loop: one request, wait for its dump, load, torch.save, next."""
     import msgspec
-    import torch
-    from eagle3d.dump import dump_path, read_dump
     from eagle3proto.codec import encode_frame
     from eagle3proto.wire import FrameBuffer
 
@@ -190,20 +209,7 @@ def serial_client(model: Path, samples: list[list[int]], out: Path) -> float:
         rid = f"serial-{i}"
         w.stdin.write(encode_frame(msgspec.msgpack.encode({"op": "req", "rid": rid, "ids": ids})))
         w.stdin.flush()
-        path = dump_path(str(dump_dir), rid)
-        while not os.path.exists(path):
-            time.sleep(0.001)
-        d = read_dump(path)
-        torch.save(
-            {
-                "input_ids": d.input_ids,
-                "loss_mask": torch.ones_like(d.input_ids),
-                "hidden_state": d.hidden_state[None],
-                "aux_hidden_state": d.aux_hidden_state[None],
-            },
-            out / f"serial_{i}.ckpt",
-        )
-        os.unlink(path)
+        story_save(dump_dir, rid, out / f"serial_{i}.ckpt")
     rate = len(samples) / (time.perf_counter() - t)
     w.stdin.close()
     w.wait()
@@ -214,10 +220,8 @@ def serial_synthetic(model: Path, data: str, out: Path, latency: float, n: int) 
     """The seed story's loop against the GPU-like synthetic producer (same knobs)."""
     import asyncio
 
-    import torch
     from eagle3d.chat import ChatEncoder
     from eagle3d.dataset import iter_lines, parse_line
-    from eagle3d.dump import dump_path, read_dump
     from eagle3d.producers.base import Request
     from eagle3d.producers.synthetic import SyntheticProducer
 
@@ -239,20 +243,7 @@ def serial_synthetic(model: Path, data: str, out: Path, latency: float, n: int) 
     for i, ids in enumerate(samples):
         rid = f"serial-{i}"
         prod.submit(Request(rid, i, ids))
-        path = dump_path(str(dump_dir), rid)
-        while not os.path.exists(path):
-            time.sleep(0.001)
-        d = read_dump(path)
-        torch.save(
-            {
-                "input_ids": d.input_ids,
-                "loss_mask": torch.ones_like(d.input_ids),
-                "hidden_state": d.hidden_state[None],
-                "aux_hidden_state": d.aux_hidden_state[None],
-            },
-            out / f"serial_{i}.ckpt",
-        )
-        os.unlink(path)
+        story_save(dump_dir, rid, out / f"serial_{i}.ckpt")
     rate = len(samples) / (time.perf_counter() - t)
     asyncio.run(prod.stop())
     return rate
