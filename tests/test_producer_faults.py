@@ -31,15 +31,25 @@ def _failures(out: Path, error: str | None = None) -> list[dict[str, object]]:
     ]
 
 
-def test_worker_killed_mid_batch(tiny_model_dir: Path, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def slow_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An 8-layer h256 model: one 8k-token batch takes about a second on this CPU, so a kill
+    lands mid-batch however quiet the machine is (the 4-layer h64 model finishes a small job
+    in under half a second)."""
+    from eagle3d.tinymodel import build_tiny_model
+
+    return Path(build_tiny_model(tmp_path_factory.mktemp("slow-model"), layers=8, hidden=256))
+
+
+def test_worker_killed_mid_batch(slow_model_dir: Path, tmp_path: Path) -> None:
     data, out = tmp_path / "data.jsonl", tmp_path / "out"
-    valid, malformed = runkit.dataset(data, 30)
-    proc = runkit.start(tiny_model_dir, data, out, log=tmp_path / "log")
+    valid, malformed = runkit.dataset(data, 60)
+    proc = runkit.start(slow_model_dir, data, out, "--batch-tokens", "8192", log=tmp_path / "log")
     try:
         runkit.wait_for(lambda: runkit.records(out, "sample_sent"), 90, "samples sent")
         assert not runkit.records(out, "sample_saved"), "the first batch should still be running"
         (worker,) = _workers(proc.pid)
-        time.sleep(0.5)
+        time.sleep(0.2)
         worker.kill()  # SIGKILL, mid-batch: its requests are in flight
         assert proc.wait(timeout=120) == 0, (tmp_path / "log").read_text()[-3000:]
     finally:
