@@ -7,7 +7,10 @@ colours over ssh, where ``COLORTERM`` does not pass).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from eagle3proto import reducer
+from eagle3proto.events import Stats
 from eagle3proto.reducer import View
 from rich.text import Text
 
@@ -174,14 +177,20 @@ def eta(rows: list[Row], now: float, tz_offset_s: float | None = None) -> Text:
     return t
 
 
-def disk(rows: list[Row], now: float) -> Text:
-    t = Text()
+def _host_stats(rows: list[Row]) -> Iterator[tuple[Row, Stats]]:
+    """Each host's newest stats, once per host (its shards share its disks and GPUs)."""
     seen: set[str] = set()
     for r in rows:
         stats = r.state.stats if r.state else None
         if stats is None or r.host in seen:
             continue
         seen.add(r.host)
+        yield r, stats
+
+
+def disk(rows: list[Row], now: float) -> Text:
+    t = Text()
+    for r, stats in _host_stats(rows):
         v = overall([x for x in rows if x.host == r.host], now)
         for d in stats.disk:
             if t:
@@ -205,12 +214,7 @@ def disk(rows: list[Row], now: float) -> Text:
 
 def gpus(rows: list[Row], now: float) -> Text:
     t = Text()
-    seen: set[str] = set()
-    for r in rows:
-        stats = r.state.stats if r.state else None
-        if stats is None or r.host in seen:
-            continue
-        seen.add(r.host)
+    for r, stats in _host_stats(rows):
         host = f"@{r.host} " if len({x.host for x in rows}) > 1 else ""
         if not stats.gpus:
             t.append(f"{host}{stats.gpu_note or 'no GPU'}\n", style=DIM)
