@@ -7,32 +7,22 @@ that reports zero problems is a loop whose checks can fail.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 import subprocess
 import sys
 import zlib
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+import runkit
 from eagle3proto import events as ev
 from eagle3proto.journal import JournalWriter
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("crashloop", REPO / "bench" / "crashloop.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["crashloop"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-cl = _load()
+cl = runkit.crashloop  # loaded once, by the fault tests' shared helpers
 
 
 def _jdir(out: Path) -> Path:
