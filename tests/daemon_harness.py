@@ -19,7 +19,20 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 def conversations(n: int, seed: int = 0) -> list[dict[str, Any]]:
     """``n`` varied multi-turn conversations in the three accepted chat formats."""
-    words = ["alpha", "beta", "gamma", "delta", "the", "model", "computes", "hidden", "states", "for", "every", "token"]
+    words = [
+        "alpha",
+        "beta",
+        "gamma",
+        "delta",
+        "the",
+        "model",
+        "computes",
+        "hidden",
+        "states",
+        "for",
+        "every",
+        "token",
+    ]
     out: list[dict[str, Any]] = []
     for i in range(n):
         turns = 1 + (i + seed) % 3
