@@ -13,7 +13,7 @@ from eagle3proto import events as ev
 from eagle3proto import reducer
 from eagle3top import panels
 from eagle3top.app import Eagle3Top, HelpScreen
-from eagle3top.feeds import LocalFeed, StreamFeed, backoff
+from eagle3top.feeds import Feed, LocalFeed, StreamFeed, backoff
 from eagle3top.model import Row
 from eagle3top.sources import discover, ssh_argv
 from monitor_helpers import EAGLE3_TOP, FAKE_SSH, event_source, run_events, write_journal
@@ -227,6 +227,47 @@ async def test_fleet_view_has_a_row_per_shard_and_totals() -> None:
     single = make_app([live_row()])
     async with single.run_test(size=SIZE):
         assert not single.query_one("#fleet").display
+
+
+def _save_one(row: Row) -> None:
+    s = row.state
+    assert s is not None
+    idx = s.saved + 10_000
+    for e in (
+        ev.SampleSent(ts=T0, idx=idx, tokens=5),
+        ev.SampleDumped(ts=T0, idx=idx, bytes=1),
+        ev.SampleSaved(ts=T0, idx=idx, path="p", bytes=1, tokens=5, checksum="c"),
+    ):
+        e.seq, e.run = s.seq + 1, "r"
+        reducer.apply(s, e)
+
+
+async def test_arriving_records_repaint_the_counters_between_ticks() -> None:
+    """Records repaint the pipeline at most every interval/2; nothing arriving, no wake-ups."""
+    row = live_row()
+    feed = Feed(row, lambda: T0)
+    app = Eagle3Top([feed], rows=[row], clock=lambda: T0, interval=4.0, run_feeds=False)
+    async with app.run_test(size=SIZE) as pilot:
+        assert feed.on_change == app.records_arrived
+        saved = lambda: text_of(app, "pipeline").splitlines()[1].split()[2]  # noqa: E731
+        assert saved() == "400"
+        await pilot.pause(0.1)
+        assert not app._pipeline_pending  # idle: no repaint scheduled
+        app._pipeline_at -= 4.0  # drawn long ago: the next records show at once
+        _save_one(row)
+        feed._changed(3)
+        await pilot.pause(0.1)
+        assert saved() == "401"
+        _save_one(row)  # just drawn: this one waits for interval/2, not for the tick
+        feed._changed(3)
+        await pilot.pause(0.1)
+        assert saved() == "401" and app._pipeline_pending
+        for _ in range(60):
+            if saved() == "402":
+                break
+            await pilot.pause(0.05)
+        assert saved() == "402"
+        assert not app._pipeline_pending
 
 
 async def test_reconnect_key_cuts_the_back_off_short(tmp_path) -> None:

@@ -26,6 +26,9 @@ from .model import Row
 from .sources import SourceInfo, Target, decode, lock_held, read_journal
 
 BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 15.0)
+#: How often a journal is re-read while its daemon is known to be down (nothing appends to
+#: it then; a daemon that starts again takes the lock and is then followed every interval).
+QUIET_POLL_S = 5.0
 
 
 def backoff(attempts: int, delays: tuple[float, ...] = BACKOFF_S) -> float:
@@ -44,6 +47,13 @@ class Feed:
         self.coalesce_s = 0.2
         self._kick = asyncio.Event()
         self.records = 0  # records folded, for benchmarks
+        #: Called (no arguments) after new records were folded into the row.
+        self.on_change: Callable[[], None] | None = None
+
+    def _changed(self, n: int) -> None:
+        self.records += n
+        if n and self.on_change is not None:
+            self.on_change()
 
     def reconnect(self) -> None:
         self._kick.set()
@@ -96,15 +106,17 @@ class Feed:
                 for i, m in enumerate(msgs):
                     if isinstance(m, ev.Unknown):  # control messages are not events
                         msgs[i] = decode(payloads[i])
+                folded = 0
                 for m in msgs:
                     if isinstance(m, ev.Event | ev.Unknown):
                         s = row.state
                         if s is None or m.seq <= s.seq:
                             continue
                         reducer.apply(s, m)
-                        self.records += 1
+                        folded += 1
                     elif isinstance(m, wire.Snapshot):
                         got_snapshot = True
+                        folded += 1
                         row.state = m.state
                         row.host = m.host or row.host
                         row.output = m.output or row.output
@@ -126,6 +138,7 @@ class Feed:
                     elif isinstance(m, wire.Error):
                         row.error = f"refused: {m.message}"
                         return got_snapshot
+                self._changed(folded)
         except wire.ProtocolError as e:
             row.error = f"protocol error: {e}"
             return got_snapshot
@@ -178,21 +191,28 @@ class LocalFeed(Feed):
         loop = asyncio.get_running_loop()
         end = loop.time() + seconds
         while True:
+            every = self.interval
             if t.jdir and list_segments(t.jdir):
                 if self._follower is None:
+                    # The first read folds the whole journal: off the UI thread.
                     self._jstate, self._follower = await asyncio.to_thread(read_journal, t.jdir)
+                    self._changed(1)
                 else:
-                    new = await asyncio.to_thread(self._follower.poll)
+                    # Later reads take one interval's appends: inline, no thread hop (each
+                    # wake-up of an idle monitor costs more than the read itself).
+                    new = self._follower.poll()
                     assert self._jstate is not None
                     reducer.apply_all(self._jstate, new)
-                    self.records += len(new)
+                    self._changed(len(new))
                 row.state = self._jstate
                 row.source, row.conn = "journal", "journal"
                 row.alive = lock_held(t.lock) if t.lock else None
+                if row.alive is False:
+                    every = max(every, QUIET_POLL_S)
             else:
                 row.conn = "disconnected"
             left = end - loop.time()
-            if left <= 0 or await self._sleep(min(self.interval, left)):
+            if left <= 0 or await self._sleep(min(every, left)):
                 return
 
 

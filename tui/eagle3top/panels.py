@@ -76,8 +76,10 @@ def connection_text(row: Row, now: float) -> tuple[str, str]:
             "daemon state unknown",
         )
         newest = row.view(now).age_s
+        # No retry countdown here: the journal is being read, and a line that changes every
+        # second would repaint an otherwise idle screen every second.
         return (
-            f"journal ({row.source}): {who}; newest record {fmt.age(newest)}{retry}",
+            f"journal ({row.source}): {who}; newest record {fmt.age(newest)}",
             WARN if row.alive else BAD,
         )
     if row.conn == "connecting":
