@@ -8,6 +8,9 @@ Every figure has a baseline measured in the same run:
 * the TUI's CPU while a real event source (JournalWriter + EventServer, output on
   /dev/shm) emits ~1,000 records/s, against the same TUI attached to a finished, quiet
   journal; the TUI runs in a real terminal (tmux, 120x40) at the default 1 s refresh;
+* the floor: ``bench/textual_floor.py``, a Textual app that repaints one line per second and
+  does nothing else, in the same terminal - what any Textual screen at 1 s refresh costs on
+  this machine before it does any work of its own;
 * staleness of ``saved`` on screen: the screen is captured every 0.2 s during the loaded
   run; for each capture showing S saved, staleness = capture time - journal ts of save
   S+1 (0 if that save had not happened yet) - how long the screen had been behind.
@@ -102,11 +105,11 @@ class Tmux:
             check=False,
         ).stdout
 
-    def pid(self) -> int:
+    def pid(self, name: str = "eagle3-top") -> int:
         pane = int(self.t("display-message", "-p", "-t", "m", "#{pane_pid}").strip())
         proc = psutil.Process(pane)
         for p in [proc, *proc.children(recursive=True)]:
-            if any("eagle3-top" in c for c in p.cmdline()):
+            if any(name in c for c in p.cmdline()):
                 return p.pid
         return pane
 
@@ -156,6 +159,25 @@ def tui_cpu(
         tm.kill()
 
 
+def floor_cpu(seconds: float) -> float:
+    """CPU percent of one core used by ``bench/textual_floor.py`` at 1 s refresh."""
+    tm = Tmux([PY, os.path.join(HERE, "textual_floor.py"), "1"])
+    try:
+        deadline = time.monotonic() + 20
+        while "saved" not in tm.screen() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(3.0)
+        proc = psutil.Process(tm.pid("textual_floor"))
+        c0 = proc.cpu_times()
+        t0 = time.monotonic()
+        time.sleep(seconds)
+        c1 = proc.cpu_times()
+        used = (c1.user - c0.user) + (c1.system - c0.system)
+        return 100.0 * used / (time.monotonic() - t0)
+    finally:
+        tm.kill()
+
+
 def staleness(caps: list[tuple[float, int]], jdir: str) -> list[float]:
     events, _ = iter_events(jdir)
     save_ts = [e.ts for e in events if isinstance(e, ev.SampleSaved)]
@@ -197,6 +219,7 @@ def main() -> int:
         span = events[-1].ts - events[0].ts
         rec_rate = len(events) / span if span > 0 else 0.0
         idle, _ = tui_cpu(finished, a.seconds, False)
+        floor = floor_cpu(a.seconds)
         stale = staleness(caps, jdir)
 
         def ms(xs: list[float]) -> str:
@@ -210,9 +233,13 @@ def main() -> int:
             )
         print(f"{'interpreter (python -c pass)':32} wall {ms(iw)} | cpu {ms(ic)}")
         print(f"source: {rec_rate:.0f} records/s over {span:.0f} s (its own cpu {src_cpu:.0f}%)")
-        print(f"TUI cpu at 1 s refresh, under load: {busy:.2f}% of one core")
-        ratio = busy / idle if idle else float("nan")
-        print(f"TUI cpu at 1 s refresh, idle journal: {idle:.2f}% of one core; ratio {ratio:.2f}x")
+        print(f"Textual floor (one line repainted per second): {floor:.2f}% of one core")
+
+        def vs_floor(x: float) -> str:
+            return f"{x / floor:.2f}x the floor" if floor else "floor not measured"
+
+        print(f"TUI cpu at 1 s refresh, under load: {busy:.2f}% of one core; {vs_floor(busy)}")
+        print(f"TUI cpu at 1 s refresh, idle journal: {idle:.2f}% of one core; {vs_floor(idle)}")
         print(
             f"staleness of saved on screen: p50 {statistics.median(stale):.2f} s, "
             f"p95 {pct(stale, 0.95):.2f} s, max {max(stale):.2f} s over {len(stale)} captures"
