@@ -17,6 +17,7 @@ measured in the same run on this machine.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
@@ -132,7 +133,7 @@ def run_daemon(model: Path, dataset: str, out: Path, *extra: str) -> dict[str, f
 def bare_forward(model: Path, samples: list[list[int]]) -> float:
     """Tokens/s of the worker's batch policy and capture, in-process, without dumps."""
     import torch
-    from eagle3d.producers.hf_worker import Capture, plan_batches
+    from eagle3d.producers.hf_worker import Capture, next_batch
     from transformers import AutoModelForCausalLM
 
     m = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32).eval()
@@ -140,23 +141,27 @@ def bare_forward(model: Path, samples: list[list[int]]) -> float:
     cap = Capture(m, [2, n // 2, n - 3])
     tokens = 0
     t = time.perf_counter()
-    for w in range(0, len(samples), WINDOW):
-        window = {str(i): s for i, s in enumerate(samples[w : w + WINDOW])}
-        for batch in plan_batches({k: len(v) for k, v in window.items()}, BATCH_TOKENS):
-            seqs = [window[r] for r in batch]
-            longest = max(map(len, seqs))
-            ids = torch.zeros((len(seqs), longest), dtype=torch.long)
-            mask = torch.zeros_like(ids)
-            for i, s in enumerate(seqs):
-                ids[i, : len(s)] = torch.tensor(s)
-                mask[i, : len(s)] = 1
-            with torch.inference_mode():
-                out = m.model(input_ids=ids, attention_mask=mask, use_cache=False)
-            aux = torch.cat([cap.states[i] for i in cap.layers], dim=-1)
-            for i, s in enumerate(seqs):  # the per-sample cut the worker makes
-                aux[i, : len(s)].contiguous()
-                out.last_hidden_state[i, : len(s)].contiguous()
-            tokens += sum(map(len, seqs))
+    # The daemon's window with the worker's own batch rule, refilled in dataset order as
+    # each batch finishes (no dumps, no commits, no waiting for the daemon to refill).
+    queue = iter(enumerate(samples))
+    pool = {str(i): s for i, s in itertools.islice(queue, WINDOW)}
+    while pool:
+        batch = next_batch({k: len(v) for k, v in pool.items()}, BATCH_TOKENS)
+        seqs = [pool.pop(r) for r in batch]
+        longest = max(map(len, seqs))
+        ids = torch.zeros((len(seqs), longest), dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, s in enumerate(seqs):
+            ids[i, : len(s)] = torch.tensor(s)
+            mask[i, : len(s)] = 1
+        with torch.inference_mode():
+            out = m.model(input_ids=ids, attention_mask=mask, use_cache=False)
+        aux = torch.cat([cap.states[i] for i in cap.layers], dim=-1)
+        for i, s in enumerate(seqs):  # the per-sample cut the worker makes
+            aux[i, : len(s)].contiguous()
+            out.last_hidden_state[i, : len(s)].contiguous()
+        tokens += sum(map(len, seqs))
+        pool.update((str(i), s) for i, s in itertools.islice(queue, len(seqs)))
     return tokens / (time.perf_counter() - t)
 
 
