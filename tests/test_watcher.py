@@ -1,0 +1,56 @@
+"""The dump watcher on real inotify: complete dumps are reported, nothing else is."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+import torch
+from eagle3d.dump import dump_path, read_dump, write_dump
+from eagle3d.watcher import DumpWatcher
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def _settle(got: list[str], want: int, seconds: float = 5.0) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + seconds
+    while len(got) < want and loop.time() < end:
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(0.3)  # and nothing more arrives
+
+
+async def test_renamed_and_in_place_dumps_are_reported_reads_and_deletes_are_not(tmp_path) -> None:
+    d = str(tmp_path / "dumps")
+    loop = asyncio.get_running_loop()
+    got: list[str] = []
+    w = DumpWatcher(d, loop, got.append)
+    w.start()
+    try:
+        await asyncio.sleep(0.2)
+        ids = torch.arange(5)
+        renamed = await asyncio.to_thread(
+            write_dump, d, "a1", ids, torch.zeros(5, 12), torch.zeros(5, 4), [1, 2, 3]
+        )
+        await _settle(got, 1)
+        assert got == [renamed]  # the temp name was never reported
+        got.clear()
+        # The daemon's own work on it (read, delete) is no news.
+        read_dump(renamed)
+        os.unlink(renamed)
+        # A producer that writes in place under the final name: reported when closed.
+        in_place = dump_path(d, "b2")
+        with open(in_place, "wb") as f:
+            for _ in range(50):
+                f.write(b"x" * 1000)
+        # A stray file and a subdirectory are not dumps.
+        with open(os.path.join(d, "notes.txt"), "w") as f:
+            f.write("hi")
+        os.mkdir(os.path.join(d, "sub"))
+        await _settle(got, 1)
+        assert set(got) == {in_place}
+        assert len(got) <= 2  # created + closed at most; fifty writes are not fifty reports
+    finally:
+        w.stop()
+    assert w.scan() == [in_place]
