@@ -9,8 +9,8 @@ Every figure has a baseline measured in the same run:
   /dev/shm) emits ~1,000 records/s, against the same TUI attached to a finished, quiet
   journal; the TUI runs in a real terminal (tmux, 120x40) at the default 1 s refresh;
 * the floor: ``bench/textual_floor.py``, a Textual app that repaints one line per second and
-  does nothing else, in the same terminal - what any Textual screen at 1 s refresh costs on
-  this machine before it does any work of its own;
+  does nothing else, run beside the TUI in a terminal of its own over the same seconds - what
+  any Textual screen at 1 s refresh costs on this machine before it does any work of its own;
 * staleness of ``saved`` on screen: the screen is captured every 0.2 s during the loaded
   run; for each capture showing S saved, staleness = capture time - journal ts of save
   S+1 (0 if that save had not happened yet) - how long the screen had been behind.
@@ -130,19 +130,32 @@ def saved_on_screen(text: str) -> int | None:
     return None
 
 
+def _cpu_s(proc: psutil.Process) -> float:
+    c = proc.cpu_times()
+    return c.user + c.system
+
+
 def tui_cpu(
     output: str, seconds: float, sample_screen: bool
-) -> tuple[float, list[tuple[float, int]]]:
-    """CPU percent of one core used by the TUI over ``seconds``, and (time, saved) captures."""
+) -> tuple[float, float, list[tuple[float, int]]]:
+    """CPU percent of one core used by the TUI over ``seconds``, the same for the floor app
+    running beside it over the same seconds, and (time, saved) captures.
+
+    The two run side by side so that whatever this machine does to every process that
+    wakes (the cost moves by 2x from one minute to the next) weighs on both alike.
+    """
     tm = Tmux([EAGLE3_TOP, "--output", output, "--interval", "1"])
+    fl = Tmux([PY, os.path.join(HERE, "textual_floor.py"), "1"])
     caps: list[tuple[float, int]] = []
     try:
         deadline = time.monotonic() + 20
-        while saved_on_screen(tm.screen()) is None and time.monotonic() < deadline:
+        while time.monotonic() < deadline and (
+            saved_on_screen(tm.screen()) is None or "saved" not in fl.screen()
+        ):
             time.sleep(0.2)
         time.sleep(3.0)  # warm-up: initial snapshot, first redraws
-        proc = psutil.Process(tm.pid())
-        c0 = proc.cpu_times()
+        procs = [psutil.Process(tm.pid()), psutil.Process(fl.pid("textual_floor"))]
+        c0 = [_cpu_s(p) for p in procs]
         t0 = time.monotonic()
         while time.monotonic() - t0 < seconds:
             if sample_screen:
@@ -151,31 +164,13 @@ def tui_cpu(
                 if s is not None:
                     caps.append((t, s))
             time.sleep(0.2)
-        c1 = proc.cpu_times()
+        c1 = [_cpu_s(p) for p in procs]
         elapsed = time.monotonic() - t0
-        used = (c1.user - c0.user) + (c1.system - c0.system)
-        return 100.0 * used / elapsed, caps
+        tui, floor = (100.0 * (b - a) / elapsed for a, b in zip(c0, c1, strict=True))
+        return tui, floor, caps
     finally:
         tm.kill()
-
-
-def floor_cpu(seconds: float) -> float:
-    """CPU percent of one core used by ``bench/textual_floor.py`` at 1 s refresh."""
-    tm = Tmux([PY, os.path.join(HERE, "textual_floor.py"), "1"])
-    try:
-        deadline = time.monotonic() + 20
-        while "saved" not in tm.screen() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        time.sleep(3.0)
-        proc = psutil.Process(tm.pid("textual_floor"))
-        c0 = proc.cpu_times()
-        t0 = time.monotonic()
-        time.sleep(seconds)
-        c1 = proc.cpu_times()
-        used = (c1.user - c0.user) + (c1.system - c0.system)
-        return 100.0 * used / (time.monotonic() - t0)
-    finally:
-        tm.kill()
+        fl.kill()
 
 
 def staleness(caps: list[tuple[float, int]], jdir: str) -> list[float]:
@@ -208,7 +203,7 @@ def main() -> int:
             interp = wall([PY, "-c", "pass"], a.runs)
             sock = wall([EAGLE3_TOP, "--once", "--json", "--output", live], a.runs)
             jour = wall([EAGLE3_TOP, "--once", "--json", "--output", finished], a.runs)
-            busy, caps = tui_cpu(live, a.seconds, True)
+            busy, busy_floor, caps = tui_cpu(live, a.seconds, True)
             src_proc = psutil.Process(src.pid)
             src_cpu = src_proc.cpu_percent(1.0)
         finally:
@@ -218,8 +213,7 @@ def main() -> int:
         events, _ = iter_events(jdir)
         span = events[-1].ts - events[0].ts
         rec_rate = len(events) / span if span > 0 else 0.0
-        idle, _ = tui_cpu(finished, a.seconds, False)
-        floor = floor_cpu(a.seconds)
+        idle, idle_floor, _ = tui_cpu(finished, a.seconds, False)
         stale = staleness(caps, jdir)
 
         def ms(xs: list[float]) -> str:
@@ -233,13 +227,14 @@ def main() -> int:
             )
         print(f"{'interpreter (python -c pass)':32} wall {ms(iw)} | cpu {ms(ic)}")
         print(f"source: {rec_rate:.0f} records/s over {span:.0f} s (its own cpu {src_cpu:.0f}%)")
-        print(f"Textual floor (one line repainted per second): {floor:.2f}% of one core")
-
-        def vs_floor(x: float) -> str:
-            return f"{x / floor:.2f}x the floor" if floor else "floor not measured"
-
-        print(f"TUI cpu at 1 s refresh, under load: {busy:.2f}% of one core; {vs_floor(busy)}")
-        print(f"TUI cpu at 1 s refresh, idle journal: {idle:.2f}% of one core; {vs_floor(idle)}")
+        for name, tui, floor in (
+            ("under load", busy, busy_floor),
+            ("idle journal", idle, idle_floor),
+        ):
+            print(
+                f"TUI cpu at 1 s refresh, {name}: {tui:.2f}% of one core; the floor beside it"
+                f" {floor:.2f}%; ratio {tui / floor if floor else float('nan'):.2f}x"
+            )
         print(
             f"staleness of saved on screen: p50 {statistics.median(stale):.2f} s, "
             f"p95 {pct(stale, 0.95):.2f} s, max {max(stale):.2f} s over {len(stale)} captures"

@@ -243,31 +243,30 @@ def _save_one(row: Row) -> None:
 
 
 async def test_arriving_records_repaint_the_counters_between_ticks() -> None:
-    """Records repaint the pipeline at most every interval/2; nothing arriving, no wake-ups."""
+    """Records repaint the pipeline at once when it is due, else by a fallback; idle: nothing."""
     row = live_row()
     feed = Feed(row, lambda: T0)
-    app = Eagle3Top([feed], rows=[row], clock=lambda: T0, interval=4.0, run_feeds=False)
+    app = Eagle3Top([feed], rows=[row], clock=lambda: T0, interval=2.0, run_feeds=False)
     async with app.run_test(size=SIZE) as pilot:
+        app._ticker.pause()  # only records repaint from here on
         assert feed.on_change == app.records_arrived
+        assert feed.coalesce_s == 0.5  # a busy feed reads four times per interval
         saved = lambda: text_of(app, "pipeline").splitlines()[1].split()[2]  # noqa: E731
         assert saved() == "400"
         await pilot.pause(0.1)
-        assert not app._pipeline_pending  # idle: no repaint scheduled
-        app._pipeline_at -= 4.0  # drawn long ago: the next records show at once
+        assert app._pipeline_due is None  # idle: nothing scheduled
+        app._pipeline_at -= 2.0  # drawn an interval ago: records show at once
         _save_one(row)
         feed._changed(3)
-        await pilot.pause(0.1)
-        assert saved() == "401"
-        _save_one(row)  # just drawn: this one waits for interval/2, not for the tick
+        assert saved() == "401" and app._pipeline_due is None
+        _save_one(row)  # just drawn: no repaint now, a fallback in case no read follows
         feed._changed(3)
-        await pilot.pause(0.1)
-        assert saved() == "401" and app._pipeline_pending
-        for _ in range(60):
+        assert saved() == "401" and app._pipeline_due is not None
+        for _ in range(80):
             if saved() == "402":
                 break
             await pilot.pause(0.05)
-        assert saved() == "402"
-        assert not app._pipeline_pending
+        assert saved() == "402" and app._pipeline_due is None
 
 
 async def test_reconnect_key_cuts_the_back_off_short(tmp_path) -> None:

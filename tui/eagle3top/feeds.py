@@ -86,15 +86,6 @@ class Feed:
                 if not data:
                     row.error = row.error or "connection closed"
                     return got_snapshot
-                if got_snapshot:
-                    # Coalesce: at 1,000 records/s a wake-up per record costs more than
-                    # everything else, and the screen redraws once per interval anyway. Pause
-                    # the transport so the kernel buffers meanwhile; the next read takes it all.
-                    if transport is not None:
-                        transport.pause_reading()
-                    await asyncio.sleep(self.coalesce_s)
-                    if transport is not None and not transport.is_closing():
-                        transport.resume_reading()
                 payloads = frames.feed(data)
                 if not payloads:
                     continue
@@ -139,6 +130,15 @@ class Feed:
                         row.error = f"refused: {m.message}"
                         return got_snapshot
                 self._changed(folded)
+                if got_snapshot:
+                    # Coalesce: at 1,000 records/s a wake-up per record costs more than
+                    # everything else. What came is folded and shown; now pause the transport
+                    # so the kernel buffers meanwhile, and the next read takes it all.
+                    if transport is not None:
+                        transport.pause_reading()
+                    await asyncio.sleep(self.coalesce_s)
+                    if transport is not None and not transport.is_closing():
+                        transport.resume_reading()
         except wire.ProtocolError as e:
             row.error = f"protocol error: {e}"
             return got_snapshot
