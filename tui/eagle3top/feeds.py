@@ -196,17 +196,18 @@ class LocalFeed(Feed):
                 if self._follower is None:
                     # The first read folds the whole journal: off the UI thread.
                     self._jstate, self._follower = await asyncio.to_thread(read_journal, t.jdir)
-                    self._changed(1)
+                    folded = 1
                 else:
                     # Later reads take one interval's appends: inline, no thread hop (each
                     # wake-up of an idle monitor costs more than the read itself).
                     new = self._follower.poll()
                     assert self._jstate is not None
                     reducer.apply_all(self._jstate, new)
-                    self._changed(len(new))
+                    folded = len(new)
                 row.state = self._jstate
                 row.source, row.conn = "journal", "journal"
                 row.alive = lock_held(t.lock) if t.lock else None
+                self._changed(folded)
                 if row.alive is False:
                     every = max(every, QUIET_POLL_S)
             else:
