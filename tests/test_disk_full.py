@@ -197,8 +197,18 @@ def test_journal_and_output_both_full_then_a_file_is_deleted(
     fs = tmpfs("8m")
     data, out = tmp_path / "data.jsonl", fs / "out"
     valid, malformed = runkit.dataset(data, 20)  # 5.5 MB of samples: they fit in 8 MiB
+    # One sample per batch and a rest after each: the run is surely still going when the
+    # filler lands (at full speed the 20 samples can all be saved before it does).
     proc = runkit.start(
-        tiny_model_dir, data, out, "--dump-dir", str(tmp_path / "dumps"), log=tmp_path / "log"
+        tiny_model_dir,
+        data,
+        out,
+        "--dump-dir",
+        str(tmp_path / "dumps"),
+        "--batch-tokens",
+        "1",
+        fault="worker_slow:300",
+        log=tmp_path / "log",
     )
     try:
         runkit.wait_for(lambda: runkit.records(out, "sample_saved"), 90, "a saved sample")

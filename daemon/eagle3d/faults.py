@@ -7,6 +7,8 @@ file does not exist, and create it when firing, so a restarted process does not 
   ``after_tmp_write``, ``after_rename``, ``before_journal_append``,
   ``after_append_before_sync``, ``mid_frame``; ``kill:<point>:<n>`` fires at the n-th time.
 * ``worker_hang:<n>`` / ``worker_exit:<n>`` - the HF worker hangs / dies after n batches.
+* ``worker_slow:<ms>`` - the HF worker rests ``ms`` milliseconds after every batch (a slow
+  producer, so that a test can act while a run is surely still in progress).
 * ``bad_dump:<ids|shape|nan|truncate>:<n>`` - the HF worker corrupts its n-th dump.
 
 With the variable unset every check is a dictionary lookup that returns False.
@@ -48,7 +50,7 @@ def parse(text: str) -> dict[str, Fault]:
                 raise ValueError(f"EAGLE3D_FAULT: unknown kill point in {spec!r}")
             n = int(parts[2]) if len(parts) > 2 else 1
             out[f"kill:{parts[1]}"] = Fault("kill", parts[1], n, marker)
-        elif name in ("worker_hang", "worker_exit"):
+        elif name in ("worker_hang", "worker_exit", "worker_slow"):
             out[name] = Fault(name, "", int(parts[1]) if len(parts) > 1 else 1, marker)
         elif name == "bad_dump":
             if len(parts) < 2 or parts[1] not in ("ids", "shape", "nan", "truncate"):
@@ -88,6 +90,12 @@ def hit(key: str) -> Fault | None:
             with open(f.marker, "w") as m:
                 m.write(f"{key} fired in pid {os.getpid()}\n")
     return f
+
+
+def armed(key: str) -> Fault | None:
+    """The fault armed under ``key``, if any, without counting an occurrence."""
+    faults = _active()
+    return faults.get(key) if faults else None
 
 
 def kill_point(point: str) -> None:

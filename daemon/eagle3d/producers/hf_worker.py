@@ -267,6 +267,9 @@ class Worker:
                 "secs": time.perf_counter() - t0,
             }
         )
+        slow = faults.armed("worker_slow")
+        if slow is not None:
+            time.sleep(slow.n / 1000)
         if faults.hit("worker_exit") is not None:
             os._exit(3)
         if faults.hit("worker_hang") is not None:
