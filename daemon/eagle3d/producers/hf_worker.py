@@ -66,10 +66,10 @@ def next_batch(lengths: dict[str, int], budget: int) -> list[str]:
         total = 0
         end = start
         while end < len(order):
-            n = lengths[order[end]]
-            if end > start and max(longest, n) * (end - start + 1) > budget:
+            n = lengths[order[end]]  # sorted: each request is the run's longest so far
+            if end > start and n * (end - start + 1) > budget:
                 break
-            longest = max(longest, n)
+            longest = n
             total += n
             end += 1
         if end <= k:
