@@ -34,6 +34,7 @@ from . import config, faults, job
 from .cli import EXIT_CODES
 from .commit import CommitError, Committer, validate
 from .dump import BadDump, read_dump, rid_of
+from .handoff import Handoff
 from .preflight import (
     EXIT_CONFIG,
     EXIT_INTERNAL,
@@ -273,7 +274,7 @@ class Daemon:
             self._append(ev.RunStopped(reason=str(e), exit_code=e.code))
             return e.code
         self._pipeline_started = True
-        self.queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=max(8, self.window))
+        self.handoff: Handoff[Any] = Handoff(self.loop, max(8, self.window))
         feeder = threading.Thread(target=self._feed, name="feeder", daemon=True)
         feeder.start()
         tasks = [
@@ -385,14 +386,8 @@ class Daemon:
         self._put(_END)
 
     def _put(self, item: Any) -> bool:
-        while not self._feed_stop.is_set():
-            fut = asyncio.run_coroutine_threadsafe(self.queue.put(item), self.loop)
-            try:
-                fut.result(timeout=0.5)
-                return True
-            except TimeoutError:
-                fut.cancel()
-        return False
+        """Hand one item to the dispatcher (blocking); False once the run is stopping."""
+        return self.handoff.put(item, self._feed_stop)
 
     async def _dispatch(self) -> None:
         from .dataset import BadSample
@@ -404,7 +399,7 @@ class Daemon:
             if self.stopping:
                 return
             # Failures that could not be journaled (disk full) go first once resumed.
-            item = self.unrecorded.pop(0) if self.unrecorded else await self.queue.get()
+            item = self.unrecorded.pop(0) if self.unrecorded else await self.handoff.get()
             if item is _END:
                 self.feed_done = True
                 self._check_done()
@@ -422,6 +417,9 @@ class Daemon:
                     self.unrecorded.append(item)
                     continue
                 self.status[item.idx] = FAILED
+                continue
+            if item.idx in self.by_idx:  # pragma: no cover - a bug, said loudly, not a wedge
+                log.error("sample %d handed over while already in flight; ignored", item.idx)
                 continue
             self._send(item)
 
