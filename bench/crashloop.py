@@ -183,6 +183,7 @@ class Check:
     corrupt: list[str] = field(default_factory=list)
     unaccounted: list[str] = field(default_factory=list)
     journal: list[str] = field(default_factory=list)
+    resent: list[str] = field(default_factory=list)  # sent again with no failure journaled
     leftovers: list[int] = field(default_factory=list)  # renamed, not journaled: redone later
     temp_files: int = 0
     torn_tail: str = ""
@@ -190,7 +191,10 @@ class Check:
 
     @property
     def bad(self) -> list[str]:
-        return self.lost + self.duplicated + self.corrupt + self.unaccounted + self.journal
+        return (
+            self.lost + self.duplicated + self.corrupt + self.unaccounted + self.journal
+            + self.resent
+        )  # fmt: skip
 
 
 def check_output(output: str) -> Check:
@@ -203,9 +207,23 @@ def check_output(output: str) -> Check:
         c.journal += [f"{os.path.basename(jdir)}: {p}" for p in view.problems]
         if view.torn_tail:
             c.torn_tail = view.torn_tail
+        retried: dict[int, int] = {}  # idx -> the attempt that failed with a retry, this session
         for rec in view.records:
             kind = rec.get("kind")
             idx = int(rec.get("idx", 0))
+            if kind == "sample_sent":
+                # Attempt n > 1 of a sample is sent only after attempt n - 1 failed with a
+                # retry, in the same session; anything else is a sample sent twice.
+                attempt = int(rec.get("attempt", 1))
+                if attempt > 1 and retried.get(idx) != attempt - 1:
+                    c.resent.append(
+                        f"sample {idx}: attempt {attempt} sent (seq {rec.get('seq', 0)}) "
+                        f"without a failed attempt {attempt - 1} before it"
+                    )
+            elif kind == "sample_failed" and rec.get("retry", False):
+                retried[idx] = int(rec.get("attempt", 1))
+            elif kind == "run_started":
+                retried.clear()
             if kind == "sample_saved":
                 if idx in saved:
                     c.duplicated.append(f"sample {idx} saved twice (seq {rec.get('seq', 0)})")

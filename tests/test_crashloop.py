@@ -106,6 +106,23 @@ def test_checker_catches_damage(tmp_path: Path, damage: str) -> None:
     assert len(c.bad) == len(found)
 
 
+def test_checker_catches_a_sample_sent_again_without_a_failure(tmp_path: Path) -> None:
+    _build(tmp_path, [0, 1])
+    with JournalWriter(str(_jdir(tmp_path))) as j:
+        j.open()
+        # A retry after a journaled failure is fine; attempt 2 of sample 1 with none is not.
+        j.append(ev.SampleSent(idx=5, rid="r-5-1", attempt=1))
+        j.append(ev.SampleFailed(idx=5, error="Timeout", message="m", attempt=1, retry=True))
+        j.append(ev.SampleSent(idx=5, rid="r-5-2", attempt=2))
+        j.append(ev.SampleSent(idx=1, rid="r-1-2", attempt=2))
+        # A new session starts counting attempts again.
+        j.append(ev.RunStarted(total=10, session=2))
+        j.append(ev.SampleSent(idx=5, rid="r-5-1b", attempt=1))
+    c = cl.check_output(str(tmp_path))
+    assert len(c.resent) == 1 and c.resent[0].startswith("sample 1: attempt 2"), c.resent
+    assert c.bad == c.resent
+
+
 def test_temp_files_and_uncommitted_leftovers_are_accounted(tmp_path: Path) -> None:
     _build(tmp_path, [0, 1], sent_only=(4,))
     _write_sample(tmp_path, 4, b"renamed but not yet journaled")  # a crash after the rename
