@@ -14,11 +14,13 @@ Protocol (msgpack maps in :mod:`eagle3proto.codec` frames):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import queue
 import sys
 import threading
 import time
+import traceback
 from typing import Any
 
 import msgspec
@@ -32,10 +34,33 @@ _out_lock = threading.Lock()
 
 
 def send(msg: dict[str, Any]) -> None:
+    """Write one frame to the daemon; if the daemon is gone, end the process at once."""
     data = encode_frame(_enc.encode(msg))
     with _out_lock:
-        sys.stdout.buffer.write(data)
-        sys.stdout.buffer.flush()
+        try:
+            sys.stdout.buffer.write(data)
+            sys.stdout.buffer.flush()
+        except (BrokenPipeError, ValueError):
+            # The daemon died (kill -9, crash): nobody will read our reports and its
+            # successor cleans the dump directory, so there is nothing left worth finishing.
+            _exit(1, "eagle3d-hf-worker: the daemon closed its end of the pipe; exiting")
+
+
+def _exit(code: int, message: str = "") -> None:
+    """End the process without interpreter finalization.
+
+    Tearing the interpreter down while torch's native threads (intra-op pool, the dump
+    writer inside ``torch.save``) are still alive can abort the process in C++ static
+    destructors ("terminate called without an active exception", SIGABRT) after all the
+    work is done. On a normal end every result has been reported and the dump writer joined
+    before we get here; on a lost daemon a dump cut off mid-write keeps its temporary name
+    (dumps are renamed into place), so it is never taken for a complete one.
+    """
+    if message:
+        print(message, file=sys.stderr)
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    os._exit(code)
 
 
 #: A batch padded to less than this share of the budget counts as under-filled.
@@ -108,6 +133,10 @@ class Worker:
     def __init__(self, args: argparse.Namespace) -> None:
         import torch
         from transformers import AutoModelForCausalLM
+        from transformers.utils import logging as hf_logging
+
+        # A progress bar is noise in a service log (the journal keeps every redraw).
+        hf_logging.disable_progress_bar()
 
         self.torch = torch
         self.dump_dir = args.dump_dir
@@ -296,9 +325,17 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:
         send({"op": "fatal", "error": type(e).__name__, "message": str(e)})
         return 1
-    worker.run()
+    try:
+        worker.run()
+    except Exception:
+        # Reported in the daemon's log (it inherits our stderr); the daemon sees the exit
+        # code, resends this worker's in-flight requests and starts a new worker.
+        traceback.print_exc()
+        return 1
+    with contextlib.suppress(BrokenPipeError, ValueError):
+        sys.stdout.flush()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    _exit(main())

@@ -1,0 +1,97 @@
+"""The HF worker as a process: how it ends.
+
+A worker stopped mid-run finishes what it started and exits 0 with a silent stderr; a worker
+whose daemon disappeared (kill -9) exits at its next report with one line, not a traceback.
+Neither may end in a C++ abort ("terminate called without an active exception", SIGABRT),
+which interpreter teardown beside torch's native threads used to produce.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from eagle3proto.codec import encode_frame
+from eagle3proto.wire import FrameBuffer
+
+_enc = msgspec.msgpack.Encoder()
+_dec = msgspec.msgpack.Decoder(dict[str, Any])
+
+
+def _spawn(model: Path, dumps: Path) -> subprocess.Popen[bytes]:
+    dumps.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "EAGLE3D_FAULT"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "eagle3d.producers.hf_worker", "--model", str(model),
+         "--dump-dir", str(dumps), "--batch-tokens", "256", "--aux-layers", "1,2,3"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+    )  # fmt: skip
+
+
+def _messages(proc: subprocess.Popen[bytes]) -> Iterator[dict[str, Any]]:
+    assert proc.stdout is not None
+    frames = FrameBuffer()
+    while chunk := os.read(proc.stdout.fileno(), 1 << 16):
+        for payload in frames.feed(chunk):
+            yield _dec.decode(payload)
+
+
+def _request(proc: subprocess.Popen[bytes], n: int) -> None:
+    assert proc.stdin is not None
+    reqs = [{"op": "req", "rid": f"r{i}", "ids": [(7 * i + k) % 900 + 1 for k in range(60)]}
+            for i in range(n)]  # fmt: skip
+    proc.stdin.write(b"".join(encode_frame(_enc.encode(r)) for r in reqs))
+    proc.stdin.flush()
+
+
+def _stderr(proc: subprocess.Popen[bytes]) -> str:
+    assert proc.stderr is not None
+    return proc.stderr.read().decode(errors="replace")
+
+
+def test_stop_mid_run_finishes_the_batch_and_exits_quietly(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    proc = _spawn(tiny_model_dir, tmp_path / "dumps")
+    try:
+        msgs = _messages(proc)
+        assert next(msgs)["op"] == "ready"
+        _request(proc, 40)  # 40 x 60 tokens at 256 per batch: many batches to go
+        first = next(msgs)
+        assert first["op"] == "done"
+        assert proc.stdin is not None
+        proc.stdin.write(encode_frame(_enc.encode({"op": "stop"})))
+        proc.stdin.close()
+        done = list(first["rids"]) + [r for m in msgs if m["op"] == "done" for r in m["rids"]]
+        assert proc.wait(timeout=60) == 0
+        err = _stderr(proc)
+    finally:
+        proc.kill()
+    assert 0 < len(done) < 40  # stopped mid-run
+    written = {p.name.removesuffix(".e3dump") for p in (tmp_path / "dumps").iterdir()}
+    assert written == set(done)  # every reported dump is there, nothing half-written
+    assert "Traceback" not in err and "terminate called" not in err, err
+
+
+def test_a_vanished_daemon_ends_the_worker_with_one_line(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    proc = _spawn(tiny_model_dir, tmp_path / "dumps")
+    try:
+        msgs = _messages(proc)
+        assert next(msgs)["op"] == "ready"
+        _request(proc, 40)
+        assert proc.stdout is not None
+        proc.stdout.close()  # the daemon is gone: its end of the report pipe closes
+        code = proc.wait(timeout=60)
+        err = _stderr(proc)
+    finally:
+        proc.kill()
+    assert code == 1, err
+    assert "the daemon closed its end of the pipe" in err, err
+    assert "Traceback" not in err and "terminate called" not in err, err
