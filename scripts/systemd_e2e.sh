@@ -44,7 +44,11 @@ ROOTFS=$CACHE/bookworm
 SUITE=bookworm
 JOB=e2e
 UNIT=eagle3d@$JOB.service
-SAMPLES=${EAGLE3D_E2E_SAMPLES:-$([ "$QUICK" = 1 ] && echo 240 || echo 600)}
+SAMPLES=${EAGLE3D_E2E_SAMPLES:-$([ "$QUICK" = 1 ] && echo 320 || echo 600)}
+# The HF worker rests this long after each batch (EAGLE3D_FAULT=worker_slow), so the job takes
+# a known minimum time: each step must act while the run is still going, and a fast machine
+# (or faster batching) once finished the job between a step's check and its action.
+PACE_MS=${EAGLE3D_E2E_PACE_MS:-400}
 T0=$(date +%s)
 
 log() { printf '[e2e %4ds] %s\n' "$(( $(date +%s) - T0 ))" "$*" >&2; }
@@ -205,7 +209,8 @@ C cp "/srv/eagle3d/$JOB.toml" "/etc/eagle3d/$JOB.toml"
 # Short watchdog and stall threshold so a hang is caught in seconds, quick restarts, and a
 # start limit this test's deliberate restarts cannot exhaust.
 printf '%s\n' '[Unit]' 'StartLimitBurst=20' '[Service]' 'WatchdogSec=10' 'RestartSec=1' \
-    'Environment=EAGLE3D_STALL_SEC=8' >"$WORK/10-e2e.conf"
+    'Environment=EAGLE3D_STALL_SEC=8' "Environment=EAGLE3D_FAULT=worker_slow:$PACE_MS" \
+    >"$WORK/10-e2e.conf"
 C cp /srv/eagle3d/10-e2e.conf "/etc/systemd/system/$UNIT.d/10-e2e.conf"
 C systemctl daemon-reload
 C systemd-analyze verify --man=no /etc/systemd/system/eagle3d@.service 2>"$WORK/verify.err" || true
@@ -289,7 +294,8 @@ wait_for 300 "progress after kill -9" saved_at_least $(( a + STEP ))
 # -- 4. a hung producer trips the watchdog -------------------------------------------------
 a=$(saved)
 log "4. hang the HF worker (EAGLE3D_FAULT=worker_hang) at $a/$SAMPLES saved"
-printf '%s\n' '[Service]' 'Environment=EAGLE3D_FAULT=worker_hang:2@/srv/eagle3d/hang.marker' \
+printf '%s\n' '[Service]' \
+    "Environment=EAGLE3D_FAULT=worker_slow:$PACE_MS,worker_hang:2@/srv/eagle3d/hang.marker" \
     >"$WORK/20-hang.conf"
 C cp /srv/eagle3d/20-hang.conf "/etc/systemd/system/$UNIT.d/20-hang.conf"
 C systemctl daemon-reload
@@ -335,6 +341,10 @@ wait_for 900 "the job to finish" stopped
 log "   finished $(( $(date +%s) - t )) s after the last start"
 [ "$(prop Result)" = success ] && [ "$(prop ExecMainStatus)" = 0 ] ||
     die "finished with result $(prop Result), status $(prop ExecMainStatus)"
+# A run that wedged at its end and was killed by the watchdog would also end in 'success'
+# here (the restarted daemon finds the job done): the last start must not have restarted.
+[ "$(prop NRestarts)" = 0 ] || die "the last run was restarted $(prop NRestarts) times"
+journal_has "finished: $SAMPLES saved, 0 failed of $SAMPLES" || die "no 'finished' line in the journal"
 "$VENV/bin/eagle3d" verify --output "$WORK/out" || die "eagle3d verify failed"
 "$VENV/bin/python" - "$WORK/out" "$SAMPLES" <<'PY' || die "samples missing or duplicated"
 import os
@@ -365,9 +375,18 @@ fi
 if grep -Eq '^<[0-7]>' "$WORK/journal.txt"; then
     die "syslog priority prefixes reached the journal text"
 fi
+# Restarts, kill -9, the watchdog's abort and the stops are all expected here: none of them
+# may leave a Python traceback or a C++ abort ("terminate called ...") in the service log.
+# Only step 4's hang may trip the watchdog: a restart or stop that wedged would too.
+wd=$(grep -c 'Watchdog timeout' "$WORK/journal.txt" || true)
+[ "$wd" = 1 ] || die "$wd watchdog timeouts in the service log; only step 4's hang should trip it"
+if grep -Eq 'Traceback|terminate called' "$WORK/journal.txt"; then
+    grep -E -B3 -A15 'Traceback|terminate called' "$WORK/journal.txt" | head -60 >&2
+    die "a traceback or a C++ abort in the service log"
+fi
 C journalctl -u "$UNIT" --no-pager -o verbose -p info -g 'producer up' >"$WORK/prio.txt" || true
 grep -q 'PRIORITY=6' "$WORK/prio.txt" || die "an INFO line did not get journal priority 6"
-log "   journal: no duplicate timestamps, syslog priorities applied"
+log "   journal: no tracebacks, no duplicate timestamps, syslog priorities applied"
 # An enabled unit starts again at every boot: a finished job must be a clean no-op then,
 # not a failure (Type=notify: exiting 0 without READY=1 is result 'protocol') or a loop.
 log "7. start the finished job again (as at boot)"
