@@ -269,6 +269,23 @@ async def test_arriving_records_repaint_the_counters_between_ticks() -> None:
         assert saved() == "402" and app._pipeline_due is None
 
 
+async def test_a_timer_firing_while_the_app_closes_draws_nothing() -> None:
+    """The tick and the counters' repaint can fire after the screen's widgets are gone (seen
+    as a NoMatches crash at exit in a test run); they must then do nothing, quietly."""
+    row = live_row()
+    feed = Feed(row, lambda: T0)
+    app = Eagle3Top([feed], rows=[row], clock=lambda: T0, interval=2.0, run_feeds=False)
+    async with app.run_test(size=SIZE) as pilot:
+        app._ticker.pause()
+        await app.query_one("#grid").remove()  # what the teardown does to the panels
+        await pilot.pause(0.05)
+        _save_one(row)
+        app._pipeline_at -= 2.0
+        app.tick()
+        feed._changed(1)  # the records' repaint path
+        await pilot.pause(0.05)
+
+
 async def test_reconnect_key_cuts_the_back_off_short(tmp_path) -> None:
     t = discover(str(tmp_path / "nothing"), None)[0]
     feed = LocalFeed(t, time.time, interval=0.25)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 
@@ -16,6 +17,7 @@ from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid
+from textual.css.query import NoMatches
 from textual.screen import ModalScreen
 from textual.timer import Timer
 from textual.widgets import Footer, Static
@@ -170,6 +172,13 @@ class Eagle3Top(App[int]):
 
     def tick(self) -> None:
         """Redraw from the rows at ``clock()``; only the header while paused."""
+        try:
+            self._draw()
+        except NoMatches:
+            # A timer that fires while the app closes finds its widgets gone: nothing to draw.
+            return
+
+    def _draw(self) -> None:
         now = self.clock()
         rows, tz = self.rows, self.tz_offset_s
         self._set("header", panels.header(rows, now, self.paused, tz))
@@ -223,7 +232,8 @@ class Eagle3Top(App[int]):
         if self.paused or self._version() == self._drawn_version:
             return
         self._mark_pipeline()
-        self._set("pipeline", panels.pipeline(self.rows, self.clock()))
+        with contextlib.suppress(NoMatches):  # the app is closing (see tick)
+            self._set("pipeline", panels.pipeline(self.rows, self.clock()))
 
     def _mark_pipeline(self) -> None:
         self._drawn_version = self._version()
