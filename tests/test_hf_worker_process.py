@@ -23,9 +23,11 @@ _enc = msgspec.msgpack.Encoder()
 _dec = msgspec.msgpack.Decoder(dict[str, Any])
 
 
-def _spawn(model: Path, dumps: Path) -> subprocess.Popen[bytes]:
+def _spawn(model: Path, dumps: Path, fault: str = "") -> subprocess.Popen[bytes]:
     dumps.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "EAGLE3D_FAULT"}
+    if fault:
+        env["EAGLE3D_FAULT"] = fault
     return subprocess.Popen(
         [sys.executable, "-m", "eagle3d.producers.hf_worker", "--model", str(model),
          "--dump-dir", str(dumps), "--batch-tokens", "256", "--aux-layers", "1,2,3"],
@@ -49,49 +51,56 @@ def _request(proc: subprocess.Popen[bytes], n: int) -> None:
     proc.stdin.flush()
 
 
-def _stderr(proc: subprocess.Popen[bytes]) -> str:
+def _ended(proc: subprocess.Popen[bytes]) -> tuple[int, str]:
+    """Exit code and stderr; no traceback and no C++ abort may be in it."""
+    code = proc.wait(timeout=60)
     assert proc.stderr is not None
-    return proc.stderr.read().decode(errors="replace")
+    err = proc.stderr.read().decode(errors="replace")
+    assert "Traceback" not in err and "terminate called" not in err, err
+    return code, err
+
+
+def _ready(
+    model: Path, dumps: Path, fault: str = ""
+) -> tuple[subprocess.Popen[bytes], Iterator[dict[str, Any]]]:
+    proc = _spawn(model, dumps, fault)
+    msgs = _messages(proc)
+    assert next(msgs)["op"] == "ready"
+    return proc, msgs
 
 
 def test_stop_mid_run_finishes_the_batch_and_exits_quietly(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    proc = _spawn(tiny_model_dir, tmp_path / "dumps")
+    # A 100 ms rest after each batch: the stop surely lands before the last of ten batches.
+    proc, msgs = _ready(tiny_model_dir, tmp_path / "dumps", fault="worker_slow:100")
     try:
-        msgs = _messages(proc)
-        assert next(msgs)["op"] == "ready"
-        _request(proc, 40)  # 40 x 60 tokens at 256 per batch: many batches to go
+        _request(proc, 40)  # 40 x 60 tokens at 256 per batch: ten batches to go
         first = next(msgs)
         assert first["op"] == "done"
         assert proc.stdin is not None
         proc.stdin.write(encode_frame(_enc.encode({"op": "stop"})))
         proc.stdin.close()
         done = list(first["rids"]) + [r for m in msgs if m["op"] == "done" for r in m["rids"]]
-        assert proc.wait(timeout=60) == 0
-        err = _stderr(proc)
+        code, err = _ended(proc)
     finally:
         proc.kill()
+    assert code == 0, err
     assert 0 < len(done) < 40  # stopped mid-run
     written = {p.name.removesuffix(".e3dump") for p in (tmp_path / "dumps").iterdir()}
     assert written == set(done)  # every reported dump is there, nothing half-written
-    assert "Traceback" not in err and "terminate called" not in err, err
 
 
 def test_a_vanished_daemon_ends_the_worker_with_one_line(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    proc = _spawn(tiny_model_dir, tmp_path / "dumps")
+    proc, _ = _ready(tiny_model_dir, tmp_path / "dumps")
     try:
-        msgs = _messages(proc)
-        assert next(msgs)["op"] == "ready"
-        _request(proc, 40)
         assert proc.stdout is not None
         proc.stdout.close()  # the daemon is gone: its end of the report pipe closes
-        code = proc.wait(timeout=60)
-        err = _stderr(proc)
+        _request(proc, 4)  # the first batch's report meets the closed pipe
+        code, err = _ended(proc)
     finally:
         proc.kill()
     assert code == 1, err
     assert "the daemon closed its end of the pipe" in err, err
-    assert "Traceback" not in err and "terminate called" not in err, err
