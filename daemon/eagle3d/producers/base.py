@@ -43,6 +43,11 @@ class ProducerEvents(Protocol):
     def producer_state(self, state: str, message: str = "") -> None:
         """``up``, ``down`` or ``restarting`` with a human reason."""
 
+    def requests_started(self, rids: list[str]) -> None:
+        """The producer began computing these requests (optional: a producer that cannot
+        tell, such as a server, never calls it). They stop counting against the window of
+        requests waiting at the producer, so its batcher keeps a full pool to choose from."""
+
 
 class Producer(abc.ABC):
     """Base class of producers. All methods are called from the daemon's event loop."""

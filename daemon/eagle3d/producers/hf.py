@@ -161,6 +161,9 @@ class HFProducer(Producer):
                 w.ready.set_exception(
                     ProducerStartError(f"{msg.get('error')}: {msg.get('message')}")
                 )
+        elif op == "start":
+            if self._events is not None:
+                self._events.requests_started(list(msg["rids"]))
         elif op == "done":
             w.last_progress = now
             for rid in msg["rids"]:

@@ -267,6 +267,9 @@ class Worker:
     def run_batch(self, rids: list[str]) -> None:
         torch = self.torch
         seqs = [self.pending.pop(r) for r in rids]
+        # Said before the forward, so the daemon sends replacements while this batch runs
+        # and the next batch is chosen from a full window, as in the bare loop.
+        send({"op": "start", "rids": rids})
         t0 = time.perf_counter()
         longest = max(len(s) for s in seqs)
         ids = torch.full((len(seqs), longest), self.pad_id, dtype=torch.long)
