@@ -145,7 +145,12 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
     a("--shard", metavar="I/N", help="take samples with idx %% N == I")
     a("--dump-dir", dest="dump_dir", help="where producers drop dumps (default /dev/shm/...)")
     a("--socket", help="Unix socket for live subscribers")
-    a("--concurrency", type=int, help="requests in flight (default: the producer's)")
+    a(
+        "--concurrency",
+        type=int,
+        help="requests waiting at the producer (default: the producer's); the HF worker's"
+        " running batch is not counted, so its batcher always chooses from this many",
+    )
     a("--max-attempts", type=int, dest="max_attempts", help="attempts per sample (default 3)")
     a("--request-timeout", type=float, dest="request_timeout", metavar="S")
     a("--batch-tokens", type=int, dest="batch_tokens", help="HF token budget per batch")
