@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
 
@@ -161,30 +160,39 @@ class Eagle3Top(App[int]):
         for t in self._tasks:
             t.cancel()
 
+    def _panel(self, wid: str) -> Static | None:
+        """The panel ``wid``, or None once the app is closing.
+
+        The app's timers can fire after the screen's widgets were removed at exit (a full
+        test run caught NoMatches('#fleet') there); drawing then has nothing to draw on.
+        """
+        try:
+            return self.query_one(f"#{wid}", Static)
+        except NoMatches:
+            return None
+
     def _set(self, wid: str, text: Text) -> None:
         if self._shown.get(wid) == text:
             return  # unchanged: no redraw (Textual stays idle)
+        panel = self._panel(wid)
+        if panel is None:
+            return
         old = self._shown.get(wid)
         self._shown[wid] = text
         # Re-layout only when the height may change; otherwise repaint just this widget.
         same_height = old is not None and old.plain.count("\n") == text.plain.count("\n")
-        self.query_one(f"#{wid}", Static).update(text, layout=not same_height)
+        panel.update(text, layout=not same_height)
 
     def tick(self) -> None:
         """Redraw from the rows at ``clock()``; only the header while paused."""
-        try:
-            self._draw()
-        except NoMatches:
-            # A timer that fires while the app closes finds its widgets gone: nothing to draw.
-            return
-
-    def _draw(self) -> None:
         now = self.clock()
         rows, tz = self.rows, self.tz_offset_s
         self._set("header", panels.header(rows, now, self.paused, tz))
         if self.paused:
             return
-        fleet = self.query_one("#fleet", Static)
+        fleet = self._panel("fleet")
+        if fleet is None:
+            return  # closing
         want = len(rows) > 1
         if fleet.display != want:
             fleet.display = want
@@ -232,8 +240,7 @@ class Eagle3Top(App[int]):
         if self.paused or self._version() == self._drawn_version:
             return
         self._mark_pipeline()
-        with contextlib.suppress(NoMatches):  # the app is closing (see tick)
-            self._set("pipeline", panels.pipeline(self.rows, self.clock()))
+        self._set("pipeline", panels.pipeline(self.rows, self.clock()))
 
     def _mark_pipeline(self) -> None:
         self._drawn_version = self._version()
