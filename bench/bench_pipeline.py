@@ -129,7 +129,19 @@ def run_daemon(model: Path, dataset: str, out: Path, *extra: str) -> dict[str, f
     end = next(e.ts for e in reversed(evs) if isinstance(e, ev.RunFinished))
     saved = [e for e in evs if isinstance(e, ev.SampleSaved)]
     span = end - first
+    sent_at: dict[int, float] = {}
+    dumped_at: dict[int, float] = {}
+    at_producer, committing = [], []
+    for e in evs:
+        if isinstance(e, ev.SampleSent):
+            sent_at[e.idx] = e.ts
+        elif isinstance(e, ev.SampleDumped) and e.idx in sent_at:
+            dumped_at[e.idx] = e.ts
+            at_producer.append(e.ts - sent_at[e.idx])
+        elif isinstance(e, ev.SampleSaved) and e.idx in dumped_at:
+            committing.append(e.ts - dumped_at[e.idx])
     return {
+        "stage_s": {"at_producer": _quantiles(at_producer), "committing": _quantiles(committing)},
         "samples": len(saved),
         "tokens": sum(e.tokens for e in saved),
         "bytes": sum(e.bytes for e in saved),
@@ -141,6 +153,14 @@ def run_daemon(model: Path, dataset: str, out: Path, *extra: str) -> dict[str, f
         "rss": rss.peak,
         "children_rss": rss.children_peak,
     }
+
+
+def _quantiles(xs: list[float]) -> str:
+    """'median / p90' in milliseconds: where a sample's time goes between journal records."""
+    if not xs:
+        return "-"
+    xs = sorted(xs)
+    return f"{1000 * xs[len(xs) // 2]:.0f} / {1000 * xs[int(len(xs) * 0.9)]:.0f} ms"
 
 
 def bare_forward(
@@ -331,6 +351,7 @@ def main() -> int:
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--batch-tokens", type=int, default=BATCH_TOKENS)
     p.add_argument("--repeat", type=int, default=1, help="run the demo dataset N times over")
+    p.add_argument("--commit-threads", type=int, default=0, help="the daemon's (0: its default)")
     args = p.parse_args()
     base = Path(
         args.dir
@@ -358,6 +379,7 @@ def main() -> int:
                 args.device,
                 "--dtype",
                 args.dtype,
+                *(["--commit-threads", str(args.commit_threads)] if args.commit_threads else []),
             )
             if args.which in ("forward", "all"):
                 bare = bare_forward(fwd_model, samples, args.device, args.dtype)
@@ -371,6 +393,16 @@ def main() -> int:
                         f"{d['tokens_s']:,.0f} tok/s ({d['mb_s']:,.0f} MB/s committed)",
                         f"bare forward loop, same batch policy: {bare:,.0f} tok/s",
                         f"{d['tokens_s'] / bare:.2f}",
+                    )
+                )
+                st = d["stage_s"]
+                rows.append(
+                    (
+                        "  time per sample: at the producer (sent to dumped), committing "
+                        "(dumped to saved); median / p90",
+                        f"{st['at_producer']}",
+                        f"{st['committing']}",
+                        "",
                     )
                 )
                 if args.device != "cpu":
@@ -477,7 +509,12 @@ def main() -> int:
                 )
             )
     finally:
-        shutil.rmtree(base, ignore_errors=True)
+        if args.dir:  # keep the models built in a given directory for the next run
+            for child in base.iterdir():
+                if not child.name.startswith("model-"):
+                    shutil.rmtree(child, ignore_errors=True) if child.is_dir() else child.unlink()
+        else:
+            shutil.rmtree(base, ignore_errors=True)
     if args.markdown:
         print("| measurement | result | baseline (same run) | ratio |\n|---|---|---|---|")
     for r in rows:
