@@ -27,11 +27,18 @@ def main() -> int:
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     p.add_argument("--samples", type=int, default=400)
     p.add_argument("--threads", default="1,2,4,8")
+    p.add_argument(
+        "--journal",
+        action="store_true",
+        help="each commit also appends its durable 'saved' record to a journal on the same disk",
+    )
     a = p.parse_args()
 
     import torch
     from eagle3d.commit import Committer
     from eagle3d.dump import read_dump, write_dump
+    from eagle3proto import events as ev
+    from eagle3proto.journal import JournalWriter
 
     t, h, dtype = a.tokens, a.hidden, getattr(torch, a.dtype)
     base = tempfile.mkdtemp(prefix="bench-commit-", dir=a.dir)
@@ -50,10 +57,29 @@ def main() -> int:
             out = os.path.join(base, f"out-{n}")
             c = Committer(out)
             c.warm_up()
+            journal = JournalWriter(os.path.join(out, "journal")) if a.journal else None
+            if journal is not None:
+                journal.open()
+
+            def one(i: int, c: Committer = c, journal: JournalWriter | None = journal) -> None:
+                done = c.commit(i, ids_list, mask, dump)
+                if journal is not None:
+                    journal.append(
+                        ev.SampleSaved(
+                            idx=i,
+                            path=done.relpath,
+                            bytes=done.nbytes,
+                            tokens=t,
+                            checksum=done.checksum,
+                        )
+                    )
+
             cpu, wall = time.process_time(), time.perf_counter()
             with ThreadPoolExecutor(n) as ex:
-                list(ex.map(lambda i, c=c: c.commit(i, ids_list, mask, dump), range(a.samples)))
+                list(ex.map(one, range(a.samples)))
             wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+            if journal is not None:
+                journal.close()
             rate = a.samples / wall
             print(
                 f"| {n} | {rate:,.0f} | {rate * dump.nbytes / 1e6:,.0f} | {cpu / a.samples * 1e3:.2f} |"

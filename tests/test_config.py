@@ -71,6 +71,16 @@ def test_missing_required_and_bad_values() -> None:
         config.build({}, {"model": "/m", "dataset": "/d", "output": "/o", "shard": "3/2"})
 
 
+def test_commit_threads_default_follows_the_cpus_within_2_to_8() -> None:
+    cfg = JobConfig(model="m", dataset="d", output="o")
+    assert [cfg.commit_thread_count(cpus=n) for n in (1, 2, 4, 16, 128)] == [2, 2, 4, 8, 8]
+    assert 2 <= cfg.commit_thread_count() <= 8  # this machine's count
+    pinned = config.build({}, {"model": "/m", "dataset": "/d", "output": "/o", "commit_threads": 3})
+    assert pinned.commit_thread_count(cpus=16) == 3
+    with pytest.raises(ConfigError, match="commit_threads must be >= 0"):
+        config.build({}, {"model": "/m", "dataset": "/d", "output": "/o", "commit_threads": -1})
+
+
 def test_shard_from_flag_then_slurm_then_torchrun() -> None:
     cfg = JobConfig(model="m", dataset="d", output="o")
     assert cfg.shard_spec({}) == Shard(0, 1)
