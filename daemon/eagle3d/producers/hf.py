@@ -31,6 +31,31 @@ class ProducerStartError(RuntimeError):
     """The worker could not load the model."""
 
 
+def worker_device(device: str, slot: int, gpus: int) -> str:
+    """The ``--device`` for worker ``slot``: on CUDA, workers go round-robin over the GPUs.
+
+    Without this, ``--workers 8`` on an 8-GPU node would load eight copies of the model onto
+    the first GPU. ``gpus`` counts the GPUs this process sees (``CUDA_VISIBLE_DEVICES``
+    applies); with none, ``auto`` stays ``auto`` and the worker takes the CPU.
+    """
+    if device in ("auto", "cuda") and gpus > 0:
+        return f"cuda:{slot % gpus}"
+    return device
+
+
+def visible_gpus(device: str) -> int:
+    """How many CUDA devices this process sees; 0 for a CPU job or a CPU-only torch."""
+    if device == "cpu":
+        return 0
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - the extract extra brings torch
+        return 0
+    # device_count() asks the driver without creating a context: no GPU memory is taken
+    # in the daemon, and the workers are exec'd, never forked from it.
+    return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+
+
 @dataclass(slots=True)
 class _Worker:
     slot: int
@@ -79,14 +104,17 @@ class HFProducer(Producer):
         self._stopped = False
         self.info: dict[str, Any] = {}
         self._rr = 0
+        self._gpus = 0
         self._backlog: list[Request] = []  # submitted while no worker was up
 
     # -- lifecycle ----------------------------------------------------------------------------
 
     async def start(self, events: ProducerEvents) -> None:
         self._events = events
+        self._gpus = visible_gpus(self.device)
         await asyncio.gather(*(self._spawn(i) for i in range(self.n_workers)))
-        events.producer_state("up", f"{self.n_workers} worker(s) on {self.info.get('device')}")
+        devices = sorted({str(w.info.get("device")) for w in self._workers if w is not None})
+        events.producer_state("up", f"{self.n_workers} worker(s) on {', '.join(devices)}")
 
     async def _spawn(self, slot: int) -> _Worker:
         cmd = [
@@ -100,7 +128,7 @@ class HFProducer(Producer):
             "--batch-tokens",
             str(self.batch_tokens),
             "--device",
-            self.device,
+            worker_device(self.device, slot, self._gpus),
             "--dtype",
             self.dtype,
         ]
@@ -293,7 +321,7 @@ class HFProducer(Producer):
             restarts=self._restarts,
             detail={
                 "workers": float(len(live)),
-                "device": str(self.info.get("device", "")),
+                "device": ", ".join(sorted({str(w.info.get("device", "")) for w in live})),
                 "dtype": str(self.info.get("dtype", "")),
                 "inflight": float(sum(len(w.inflight) for w in live)),
             },
