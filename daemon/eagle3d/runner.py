@@ -257,9 +257,9 @@ class Daemon:
         self.watcher.start()
         for path in self.watcher.scan() + self.watcher.stale_temp_files():
             self._orphan(path, "left by an earlier run")
-        self.commit_pool = ThreadPoolExecutor(
-            cfg.commit_thread_count(), thread_name_prefix="commit"
-        )
+        threads = cfg.commit_thread_count()
+        self.commit_pool = ThreadPoolExecutor(threads, thread_name_prefix="commit")
+        log.info("committing to %s with %d threads", self.output, threads)
         starting = asyncio.create_task(self._start_producer())
         stop = asyncio.create_task(self.done.wait())
         await asyncio.wait({starting, stop}, return_when=asyncio.FIRST_COMPLETED)
