@@ -205,7 +205,7 @@ async def test_stale_and_disconnected_states_are_never_shown_as_live() -> None:
     for row, words in (
         (stale, "STALE for 12 s"),
         (gone, "disconnected: socket /run/x.sock: Connection refused, retrying in 3 s"),
-        (journal, "journal (journal): daemon down; newest record now"),
+        (journal, "journal: daemon down; newest record now"),
     ):
         app = make_app([row])
         async with app.run_test(size=SIZE):
@@ -433,7 +433,9 @@ async def test_daemon_without_socket_is_followed_through_its_journal(tmp_path, m
                 assert f.row.state is not None and f.row.state.saved > seen[f.row.label] + 10
             assert local.row.source == "journal" and remote.row.source == "ssh/journal"
             words, _ = panels.connection_text(local.row, time.time())
-            assert words.startswith("journal (journal): daemon up, socket unreachable")
+            assert words.startswith("journal: daemon up, socket unreachable")
+            words, _ = panels.connection_text(remote.row, time.time())
+            assert words.startswith("journal (ssh/journal): daemon up, socket unreachable")
         finally:
             for t in tasks:
                 t.cancel()

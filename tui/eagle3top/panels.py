@@ -78,8 +78,9 @@ def connection_text(row: Row, now: float) -> tuple[str, str]:
         newest = row.view(now).age_s
         # No retry countdown here: the journal is being read, and a line that changes every
         # second would repaint an otherwise idle screen every second.
+        via = f" ({row.source})" if row.source not in ("", "journal") else ""  # ssh/journal
         return (
-            f"journal ({row.source}): {who}; newest record {fmt.age(newest)}",
+            f"journal{via}: {who}; newest record {fmt.age(newest)}",
             WARN if row.alive else BAD,
         )
     if row.conn == "connecting":
