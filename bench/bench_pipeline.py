@@ -520,8 +520,10 @@ def main() -> int:
     finally:
         if args.dir:  # keep the models built in a given directory for the next run
             for child in base.iterdir():
-                if not child.name.startswith("model-"):
-                    shutil.rmtree(child, ignore_errors=True) if child.is_dir() else child.unlink()
+                if child.is_dir() and not child.name.startswith("model-"):
+                    shutil.rmtree(child, ignore_errors=True)
+                elif not child.is_dir():
+                    child.unlink()
         else:
             shutil.rmtree(base, ignore_errors=True)
     if args.markdown:
