@@ -103,7 +103,11 @@ class RssSampler:
 
 
 def run_daemon(model: Path, dataset: str, out: Path, *extra: str) -> dict[str, float]:
-    """Run ``eagle3d run``; rates over the working span (first send .. finish) from the journal."""
+    """Run ``eagle3d run`` on a fresh ``out``; rates over the working span (first send ..
+    finish) from the journal. A previous run's output is removed first: resuming it would be
+    a no-op, not a measurement."""
+    for stale in (out, Path(str(out) + "-dumps")):
+        shutil.rmtree(stale, ignore_errors=True)
     cmd = [sys.executable, "-m", "eagle3d", "run", "--model", str(model), "--dataset", dataset]
     cmd += [
         "--output",
@@ -375,26 +379,23 @@ def main() -> int:
             ]
             d = run_daemon(fwd_model, data, base / "out-daemon", *daemon_args)
             if args.which in ("forward", "all"):
-                bare = bare_forward(fwd_model, samples, args.device, args.dtype)
-                ratios = [d["tokens_s"] / bare]
                 # Paired rounds: this machine's speed drifts by more than the effect measured,
                 # so each round runs the daemon and the bare loop back to back.
+                bare = bare_forward(fwd_model, samples, args.device, args.dtype)
+                ratios = [d["tokens_s"] / bare]
                 for k in range(1, args.rounds):
-                    shutil.rmtree(base / "out-daemon")
-                    shutil.rmtree(str(base / "out-daemon") + "-dumps", ignore_errors=True)
                     again = run_daemon(fwd_model, data, base / "out-daemon", *daemon_args)
-                    ratios.append(
-                        again["tokens_s"]
-                        / bare_forward(fwd_model, samples, args.device, args.dtype)
-                    )
+                    bare_k = bare_forward(fwd_model, samples, args.device, args.dtype)
+                    ratios.append(again["tokens_s"] / bare_k)
                     print(f"round {k + 1}: {ratios[-1]:.2f}", file=sys.stderr)
                 where = f"{args.device}, {args.dtype}" + (
                     f", batches of {args.batch_tokens} tokens" if args.device != "cpu" else ""
                 )
-                ratio = f"{d['tokens_s'] / bare:.2f}"
+                ratio = f"{ratios[0]:.2f}"
                 if len(ratios) > 1:
                     each = ", ".join(f"{r:.2f}" for r in ratios)
-                    ratio = f"median {sorted(ratios)[len(ratios) // 2]:.2f} of {len(ratios)} paired rounds ({each})"
+                    median = sorted(ratios)[len(ratios) // 2]
+                    ratio = f"median {median:.2f} of {len(ratios)} paired rounds ({each})"
                 rows.append(
                     (
                         f"end-to-end tokens/s, HF producer h{args.hidden}/L{args.layers} "

@@ -67,6 +67,7 @@ def compare_with_cpu(model: Path, dataset: str, output: Path, n: int) -> dict[st
     import torch
     from eagle3d.chat import ChatEncoder
     from eagle3d.dataset import BadSample, iter_lines, parse_line
+    from eagle3proto import paths
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
@@ -83,10 +84,7 @@ def compare_with_cpu(model: Path, dataset: str, output: Path, n: int) -> dict[st
             want = enc.encode(parse_line(idx, raw))
         except BadSample:
             continue
-        d = torch.load(
-            output / f"rows_{idx // 2000 * 2000}-{idx // 2000 * 2000 + 2000}" / f"data_{idx}.ckpt",
-            weights_only=True,
-        )
+        d = torch.load(output / paths.sample_relpath(idx), weights_only=True)
         if d["input_ids"].tolist() != want.input_ids:
             raise SystemExit(f"sample {idx}: input_ids differ from the CPU encoding")
         mask_bad += int(d["loss_mask"].tolist() != want.loss_mask)
