@@ -81,6 +81,16 @@ def test_commit_threads_default_follows_the_cpus_within_2_to_8() -> None:
         config.build({}, {"model": "/m", "dataset": "/d", "output": "/o", "commit_threads": -1})
 
 
+def test_worker_settings_default_to_automatic_and_refuse_negatives() -> None:
+    cfg = config.build({}, {"model": "/m", "dataset": "/d", "output": "/o"})
+    assert (cfg.workers, cfg.worker_threads) == (0, 0)  # eagle3d.producers.hf.worker_layout
+    args = parse("--model", "/m", "--dataset", "/d", "--output", "/o", "--worker-threads", "3")
+    assert config.from_args(args).worker_threads == 3
+    for key in ("workers", "worker_threads"):
+        with pytest.raises(ConfigError, match=f"{key} must be >= 0"):
+            config.build({}, {"model": "/m", "dataset": "/d", "output": "/o", key: -1})
+
+
 def test_shard_from_flag_then_slurm_then_torchrun() -> None:
     cfg = JobConfig(model="m", dataset="d", output="o")
     assert cfg.shard_spec({}) == Shard(0, 1)

@@ -39,7 +39,8 @@ class JobConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_attempts: int = 3
     request_timeout: float = 600.0
     batch_tokens: int = 8192
-    workers: int = 1
+    workers: int = 0  # 0: automatic, see eagle3d.producers.hf.worker_layout()
+    worker_threads: int = 0  # 0: the CPUs divided among the workers
     device: str = "auto"
     dtype: str = "auto"
     commit_threads: int = 0  # 0: automatic, see commit_thread_count()
@@ -63,13 +64,12 @@ class JobConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             )
         if self.aux_layers and len(self.aux_layers) != 3:
             raise ConfigError(f"aux_layers: expected 3 layer ids, got {self.aux_layers}")
-        for key in ("max_attempts", "workers", "batch_tokens"):
+        for key in ("max_attempts", "batch_tokens"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"{key} must be >= 1, got {getattr(self, key)}")
-        if self.commit_threads < 0:
-            raise ConfigError(
-                f"commit_threads must be >= 0 (0: automatic), got {self.commit_threads}"
-            )
+        for key in ("workers", "worker_threads", "commit_threads"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"{key} must be >= 0 (0: automatic), got {getattr(self, key)}")
         if self.max_length < 0:
             raise ConfigError(f"max_length must be >= 0, got {self.max_length}")
         self.shard_spec()
@@ -169,7 +169,18 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
     a("--max-attempts", type=int, dest="max_attempts", help="attempts per sample (default 3)")
     a("--request-timeout", type=float, dest="request_timeout", metavar="S")
     a("--batch-tokens", type=int, dest="batch_tokens", help="HF token budget per batch")
-    a("--workers", type=int, help="HF worker processes (default 1)")
+    a(
+        "--workers",
+        type=int,
+        help="HF worker processes (default: one per GPU; on a CPU one per core, at most 8,"
+        " and only as many model copies as half the available memory holds)",
+    )
+    a(
+        "--worker-threads",
+        type=int,
+        dest="worker_threads",
+        help="torch threads in each HF worker (default: the CPUs divided among the workers)",
+    )
     a("--device", choices=("auto", "cpu", "cuda"))
     a("--dtype", choices=("auto", "float32", "bfloat16", "float16"))
     a(

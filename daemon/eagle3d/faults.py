@@ -1,7 +1,8 @@
 """Fault injection for the crash and fault tests, driven by the ``EAGLE3D_FAULT`` variable.
 
 Comma-separated specs, each optionally suffixed ``@/path/marker`` (fire only if the marker
-file does not exist, and create it when firing, so a restarted process does not fire again):
+file does not exist, and create it when firing, so a restarted process, or a second worker
+process, does not fire again):
 
 * ``kill:<point>`` - the daemon exits abruptly (``os._exit(137)``) at a named point:
   ``after_tmp_write``, ``after_rename``, ``before_journal_append``,
@@ -85,10 +86,13 @@ def hit(key: str) -> Fault | None:
         if f.seen != f.n:
             return None
         if f.marker:
-            if os.path.exists(f.marker):
+            # Created exclusively: of several worker processes reaching the n-th occurrence
+            # at once, exactly one fires.
+            try:
+                with open(f.marker, "x") as m:
+                    m.write(f"{key} fired in pid {os.getpid()}\n")
+            except FileExistsError:
                 return None
-            with open(f.marker, "w") as m:
-                m.write(f"{key} fired in pid {os.getpid()}\n")
     return f
 
 

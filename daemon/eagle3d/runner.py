@@ -323,7 +323,7 @@ class Daemon:
                 hidden_size=self.hidden_size,
                 aux_layers=self.layers,
                 dtype=cfg.dtype if cfg.dtype != "auto" else "bfloat16",
-                threads=cfg.workers + 1,
+                threads=(cfg.workers or 1) + 1,
                 window=cfg.concurrency or 8,
             )
         elif cfg.backend == "sglang":
@@ -344,6 +344,7 @@ class Daemon:
                 dump_dir=self.dump_dir,
                 aux_layers=self.layers,
                 workers=cfg.workers,
+                threads=cfg.worker_threads,
                 batch_tokens=cfg.batch_tokens,
                 device=cfg.device,
                 dtype=cfg.dtype,

@@ -43,6 +43,53 @@ def worker_device(device: str, slot: int, gpus: int) -> str:
     return device
 
 
+# More CPU workers than this gain little: each holds a copy of the model and its activations.
+MAX_CPU_WORKERS = 8
+
+
+def worker_layout(
+    workers: int, threads: int, *, gpus: int, cpus: int, model_bytes: int, mem_available: int
+) -> tuple[int, int]:
+    """(worker processes, torch threads in each) for ``--workers``/``--worker-threads``.
+
+    0 means automatic. On GPUs: one worker per GPU. On a CPU: one worker per core, at most
+    :data:`MAX_CPU_WORKERS`, and no more copies of the model than half the available memory
+    holds (counting each copy twice, for an fp32 upcast and the activations). The CPUs are
+    then divided among the workers. Why several single-threaded workers rather than one
+    worker using every core: a multi-threaded forward meets at a barrier after each operator,
+    so CPU time the daemon takes from one core stalls all of them, while independent workers
+    lose only the time taken (docs/benchmarks.md, fifth session).
+    """
+    cpus = max(1, cpus)
+    if workers <= 0:
+        if gpus > 0:
+            workers = gpus
+        else:
+            fits = mem_available // max(1, 4 * model_bytes)
+            workers = max(1, min(cpus, MAX_CPU_WORKERS, fits))
+    if threads <= 0:
+        threads = max(1, cpus // workers)
+    return workers, threads
+
+
+def model_weight_bytes(model_dir: str) -> int:
+    """Bytes of the weight files in a model directory (0 when there are none to count)."""
+    total = 0
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(model_dir):
+            if entry.name.endswith((".safetensors", ".bin", ".pt", ".pth")) and entry.is_file():
+                total += entry.stat().st_size
+    return total
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (Slurm and cgroup affinity apply), not the machine's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
 def visible_gpus(device: str) -> int:
     """How many CUDA devices this process sees; 0 for a CPU job or a CPU-only torch."""
     if device == "cpu":
@@ -61,6 +108,7 @@ class _Worker:
     slot: int
     proc: asyncio.subprocess.Process
     inflight: dict[str, int] = field(default_factory=dict)  # rid -> tokens
+    running: set[str] = field(default_factory=set)  # in the worker's current batch
     last_progress: float = 0.0
     ready: asyncio.Future[dict[str, Any]] | None = None
     info: dict[str, Any] = field(default_factory=dict)
@@ -68,7 +116,7 @@ class _Worker:
 
 
 class HFProducer(Producer):
-    """Runs a transformers model in ``workers`` child processes."""
+    """Runs a transformers model in ``workers`` child processes (0: see :func:`worker_layout`)."""
 
     name = "hf"
 
@@ -78,7 +126,7 @@ class HFProducer(Producer):
         *,
         dump_dir: str,
         aux_layers: list[int] | None = None,
-        workers: int = 1,
+        workers: int = 0,
         batch_tokens: int = 8192,
         device: str = "auto",
         dtype: str = "auto",
@@ -96,7 +144,7 @@ class HFProducer(Producer):
         self.hang_timeout = hang_timeout
         self.threads = threads
         self._window = window
-        self._workers: list[_Worker | None] = [None] * workers
+        self._workers: list[_Worker | None] = [None] * max(1, workers)
         self._events: ProducerEvents | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._restarts = 0
@@ -112,9 +160,23 @@ class HFProducer(Producer):
     async def start(self, events: ProducerEvents) -> None:
         self._events = events
         self._gpus = visible_gpus(self.device)
+        import psutil
+
+        self.n_workers, self.threads = worker_layout(
+            self.n_workers,
+            self.threads,
+            gpus=self._gpus,
+            cpus=usable_cpus(),
+            model_bytes=model_weight_bytes(self.model),
+            mem_available=psutil.virtual_memory().available,
+        )
+        self._workers = [None] * self.n_workers
         await asyncio.gather(*(self._spawn(i) for i in range(self.n_workers)))
         devices = sorted({str(w.info.get("device")) for w in self._workers if w is not None})
-        events.producer_state("up", f"{self.n_workers} worker(s) on {', '.join(devices)}")
+        # As the workers report it (torch.get_num_threads()), not as asked.
+        told = sorted({int(w.info.get("threads", 0)) for w in self._workers if w is not None})
+        each = f"{'/'.join(map(str, told))} thread{'s' if told[-1:] != [1] else ''} each"
+        events.producer_state("up", f"{self.n_workers} worker(s) on {', '.join(devices)}, {each}")
 
     async def _spawn(self, slot: int) -> _Worker:
         cmd = [
@@ -134,8 +196,7 @@ class HFProducer(Producer):
         ]
         if self.aux_layers:
             cmd += ["--aux-layers", ",".join(map(str, self.aux_layers))]
-        if self.threads:
-            cmd += ["--threads", str(self.threads)]
+        cmd += ["--threads", str(self.threads)]
         proc = await asyncio.create_subprocess_exec(
             *cmd,
             stdin=asyncio.subprocess.PIPE,
@@ -190,15 +251,18 @@ class HFProducer(Producer):
                     ProducerStartError(f"{msg.get('error')}: {msg.get('message')}")
                 )
         elif op == "start":
+            w.running = {r for r in msg["rids"] if r in w.inflight}
             if self._events is not None:
                 self._events.requests_started(list(msg["rids"]))
         elif op == "done":
             w.last_progress = now
             for rid in msg["rids"]:
                 w.inflight.pop(rid, None)
+            w.running.clear()
             self._latency = ([*self._latency, float(msg.get("secs", 0.0))])[-20:]
         elif op == "fail" and self._events is not None:
             w.inflight.pop(msg["rid"], None)
+            w.running.discard(msg["rid"])
             self._events.request_failed(msg["rid"], msg["error"], msg.get("message", ""), True)
 
     async def _watch(self, w: _Worker) -> None:
@@ -225,6 +289,7 @@ class HFProducer(Producer):
         assert self._events is not None
         lost = list(w.inflight)
         w.inflight.clear()
+        w.running.clear()
         self._workers[w.slot] = None
         self._restarts += 1
         self._events.producer_state("restarting", reason)
@@ -280,7 +345,9 @@ class HFProducer(Producer):
                 return
             self._events.request_failed(request.rid, "ProducerDown", "no live worker", True)
             return
-        w = min(live, key=lambda x: (len(x.inflight), x.slot))
+        # To the worker with the fewest requests waiting (its running batch not counted), so
+        # each worker's batcher chooses from an equal share of the window.
+        w = min(live, key=lambda x: (len(x.inflight) - len(x.running), x.slot))
         if not w.inflight:
             w.last_progress = time.monotonic()
         w.inflight[request.rid] = len(request.input_ids)
@@ -295,6 +362,7 @@ class HFProducer(Producer):
         for w in self._workers:
             if w is not None and rid in w.inflight:
                 del w.inflight[rid]
+                w.running.discard(rid)
                 assert w.proc.stdin is not None
                 with contextlib.suppress(ConnectionError, RuntimeError):
                     w.proc.stdin.write(encode_frame(_enc.encode({"op": "cancel", "rid": rid})))
@@ -321,6 +389,7 @@ class HFProducer(Producer):
             restarts=self._restarts,
             detail={
                 "workers": float(len(live)),
+                "threads_per_worker": float(self.threads),
                 "device": ", ".join(sorted({str(w.info.get("device", "")) for w in live})),
                 "dtype": str(self.info.get("dtype", "")),
                 "inflight": float(sum(len(w.inflight) for w in live)),

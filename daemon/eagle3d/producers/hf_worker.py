@@ -171,6 +171,7 @@ class Worker:
                 "layers": self.layers,
                 "num_layers": n_layers,
                 "hidden": model.config.hidden_size,
+                "threads": torch.get_num_threads(),
             }
         )
 

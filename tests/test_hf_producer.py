@@ -1,0 +1,167 @@
+"""The HF producer's worker layout and dispatch.
+
+How many workers and torch threads each (automatic: one per GPU, or one single-threaded
+worker per core on a CPU within memory), which device each gets (round-robin over the GPUs),
+and which worker a request goes to (the one with the fewest waiting).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import psutil
+import runkit
+from eagle3d.producers.base import Request
+from eagle3d.producers.hf import (
+    HFProducer,
+    _Worker,
+    model_weight_bytes,
+    usable_cpus,
+    visible_gpus,
+    worker_device,
+    worker_layout,
+)
+
+GiB = 1 << 30
+
+
+def test_cpu_layout_is_one_single_threaded_worker_per_core_up_to_8() -> None:
+    def cpu(cpus: int) -> tuple[int, int]:
+        return worker_layout(0, 0, gpus=0, cpus=cpus, model_bytes=GiB, mem_available=512 * GiB)
+
+    assert [cpu(n) for n in (1, 2, 4, 8, 16, 64)] == [
+        (1, 1),
+        (2, 1),
+        (4, 1),
+        (8, 1),
+        (8, 2),
+        (8, 8),
+    ]
+
+
+def test_cpu_workers_are_bounded_by_memory() -> None:
+    # Each copy is counted four times its weights (an fp32 upcast, then activations),
+    # against all of the available memory: 16 GiB holds two copies of a 2 GiB model.
+    assert worker_layout(0, 0, gpus=0, cpus=16, model_bytes=2 * GiB, mem_available=16 * GiB) == (
+        2,
+        8,
+    )
+    # Too big for even one copy by that count: still one worker (loading will tell).
+    assert worker_layout(0, 0, gpus=0, cpus=4, model_bytes=64 * GiB, mem_available=GiB) == (1, 4)
+
+
+def test_gpu_layout_is_one_worker_per_gpu() -> None:
+    assert worker_layout(0, 0, gpus=8, cpus=64, model_bytes=GiB, mem_available=GiB) == (8, 8)
+    assert worker_layout(0, 0, gpus=1, cpus=16, model_bytes=GiB, mem_available=GiB) == (1, 16)
+
+
+def test_explicit_settings_win() -> None:
+    assert worker_layout(3, 0, gpus=0, cpus=2, model_bytes=GiB, mem_available=GiB) == (3, 1)
+    assert worker_layout(1, 0, gpus=0, cpus=2, model_bytes=0, mem_available=GiB) == (1, 2)
+    assert worker_layout(0, 4, gpus=2, cpus=2, model_bytes=0, mem_available=GiB) == (2, 4)
+    assert worker_layout(2, 2, gpus=0, cpus=16, model_bytes=0, mem_available=GiB) == (2, 2)
+
+
+def test_model_weight_bytes_counts_weight_files_only(tmp_path: Path) -> None:
+    (tmp_path / "model-00001-of-00002.safetensors").write_bytes(b"x" * 1000)
+    (tmp_path / "model-00002-of-00002.safetensors").write_bytes(b"x" * 500)
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "tokenizer.json").write_text("{}" * 100)
+    assert model_weight_bytes(str(tmp_path)) == 1500
+    assert model_weight_bytes(str(tmp_path / "missing")) == 0
+
+
+def test_cuda_workers_spread_round_robin_over_the_gpus() -> None:
+    assert [worker_device("cuda", slot, 4) for slot in range(6)] == [
+        "cuda:0",
+        "cuda:1",
+        "cuda:2",
+        "cuda:3",
+        "cuda:0",
+        "cuda:1",
+    ]
+    assert [worker_device("auto", slot, 2) for slot in range(3)] == ["cuda:0", "cuda:1", "cuda:0"]
+
+
+def test_without_gpus_or_on_the_cpu_the_setting_passes_through() -> None:
+    assert worker_device("auto", 3, 0) == "auto"  # the worker falls back to the CPU itself
+    assert worker_device("cpu", 1, 8) == "cpu"  # asked for the CPU on a GPU node
+    assert worker_device("cuda", 0, 0) == "cuda"  # the worker then fails with torch's message
+
+
+def test_a_cpu_job_or_a_cpu_only_machine_sees_no_gpu() -> None:
+    assert visible_gpus("cpu") == 0
+    import torch
+
+    if not torch.cuda.is_available():  # this machine (CI): the CPU wheel of torch
+        assert visible_gpus("auto") == 0
+    else:  # a GPU node: what torch sees
+        assert visible_gpus("auto") == torch.cuda.device_count()
+
+
+class _Pipe:
+    def __init__(self) -> None:
+        self.frames: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.frames.append(data)
+
+
+class _Proc:
+    def __init__(self) -> None:
+        self.stdin = _Pipe()
+
+
+def test_a_request_goes_to_the_worker_with_the_fewest_waiting() -> None:
+    async def scenario() -> list[int]:
+        p = HFProducer("m", dump_dir="/nonexistent", workers=2)
+        loop = asyncio.get_running_loop()
+        ws = []
+        for slot in range(2):
+            w = _Worker(slot, _Proc())  # type: ignore[arg-type]
+            w.ready = loop.create_future()
+            w.ready.set_result({})
+            ws.append(w)
+        p._workers = list(ws)
+        # Worker 0 is running a batch of 5 and has nothing waiting; worker 1 has 3 waiting.
+        ws[0].inflight = {f"a{i}": 10 for i in range(5)}
+        p._on_message(ws[0], {"op": "start", "rids": list(ws[0].inflight)})
+        ws[1].inflight = {f"b{i}": 10 for i in range(3)}
+        chosen = []
+        for i in range(4):
+            p.submit(Request(rid=f"n{i}", idx=i, input_ids=[1, 2, 3]))
+            chosen.append(0 if f"n{i}" in ws[0].inflight else 1)
+        # When worker 0's batch is done its running set is empty again.
+        p._on_message(ws[0], {"op": "done", "rids": [f"a{i}" for i in range(5)], "secs": 0.1})
+        assert not ws[0].running
+        return chosen
+
+    # Worker 0 takes all four (0 to 3 waiting against 3; a tie goes to the lower slot).
+    # Counting its running batch, as before, sent the first ones to worker 1.
+    assert asyncio.run(scenario()) == [0, 0, 0, 0]
+
+
+def test_a_default_cpu_run_starts_the_automatic_layout(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    data, out = tmp_path / "data.jsonl", tmp_path / "out"
+    valid, malformed = runkit.dataset(data, 30)
+    r = runkit.run(tiny_model_dir, data, out)
+    assert r.returncode == 0, r.stderr[-3000:]
+    runkit.assert_complete(out, valid, malformed)
+    workers, threads = worker_layout(
+        0,
+        0,
+        gpus=0,
+        cpus=usable_cpus(),
+        model_bytes=model_weight_bytes(str(tiny_model_dir)),
+        mem_available=psutil.virtual_memory().available,
+    )
+    ups: list[Any] = [rec for rec in runkit.records(out, "producer") if rec["state"] == "up"]
+    plural = "s" if threads > 1 else ""
+    # The thread count in the message is what each worker's torch reported, not the request.
+    assert ups and ups[0]["message"] == f"{workers} worker(s) on cpu, {threads} thread{plural} each"
+    health = [rec["producer"] for rec in runkit.records(out, "stats") if rec.get("producer")]
+    assert health and health[-1]["detail"]["workers"] == workers
