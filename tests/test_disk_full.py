@@ -69,8 +69,7 @@ def _dump(t: int, h: int = 64) -> Dump:
 
 
 def test_commit_on_a_full_disk_raises_enospc_and_leaves_nothing(small_fs: Path) -> None:
-    """torch.save turns the writer's OSError into a RuntimeError from its zip writer; the
-    commit must still report ENOSPC (so the daemon pauses instead of failing the sample)."""
+    """The commit reports ENOSPC (so the daemon pauses instead of failing the sample)."""
     c = Committer(str(small_fs))
     t = 400  # 400 x 256 floats = 400 KiB: more than the filesystem holds
     with pytest.raises(CommitError) as ei:
@@ -83,8 +82,29 @@ def test_commit_on_a_full_disk_raises_enospc_and_leaves_nothing(small_fs: Path) 
 def test_commit_enospc_through_the_writer_seam(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The same promise without a mount: the checksum writer fails with ENOSPC mid-file."""
-    from eagle3d import commit
+    """The same promise without a mount: the write fails with ENOSPC mid-file, after part
+    of it reached the file (as a real full disk does)."""
+    real = os.writev
+
+    def writev(fd: int, buffers: list[memoryview]) -> int:
+        if os.fstat(fd).st_size > 20_000:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, [memoryview(b)[:8192] for b in buffers[:1]])
+
+    monkeypatch.setattr(os, "writev", writev)
+    c = Committer(str(tmp_path))
+    t = 400
+    with pytest.raises(CommitError) as ei:
+        c.commit(3, list(range(t)), [1] * t, _dump(t))
+    assert ei.value.errno == errno.ENOSPC, repr(ei.value)
+    assert [p.name for p in tmp_path.rglob("*") if p.is_file()] == []
+
+
+def test_commit_enospc_through_torch_save(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Samples of 4 GiB and more go through torch.save (zip64), which turns the writer's
+    OSError into a RuntimeError from its zip writer; the commit must still say ENOSPC (so
+    the daemon pauses instead of failing the sample). The size limit is lowered to get there."""
+    from eagle3d import ckpt, commit
 
     real = commit.ChecksumWriter.write
 
@@ -94,6 +114,7 @@ def test_commit_enospc_through_the_writer_seam(
         return real(self, data)
 
     monkeypatch.setattr(commit.ChecksumWriter, "write", write)
+    monkeypatch.setattr(ckpt, "_LIMIT", 1000)
     c = Committer(str(tmp_path))
     t = 400
     with pytest.raises(CommitError) as ei:

@@ -1,8 +1,9 @@
 """Validate a dump and commit it as a SpecForge-readable sample, atomically.
 
 Commit order per sample: write ``rows_*/.data_<idx>.ckpt.tmp-*`` in the final directory while
-computing the content checksum, fsync it, rename it to ``data_<idx>.ckpt``, fsync the
-directory. Only then may the caller append ``sample_saved`` to the journal. A crash at any
+computing the content checksum (in ``torch.save``'s format by :mod:`eagle3d.ckpt`, or by
+``torch.save`` itself for samples of 4 GiB and more), fsync it, rename it to
+``data_<idx>.ckpt``, fsync the directory. Only then may the caller append ``sample_saved`` to the journal. A crash at any
 instant leaves the sample either complete under its final name, or absent (a stray temp file
 is removed at the next start).
 """
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from eagle3proto.paths import TMP_MARK, sample_relpath
 
-from . import faults
+from . import ckpt, faults
 from .dump import BadDump, Dump
 
 if TYPE_CHECKING:
@@ -230,14 +231,20 @@ class Committer:
             payload = {
                 "input_ids": torch.tensor(input_ids, dtype=torch.int64),
                 "loss_mask": torch.tensor(loss_mask, dtype=torch.int64),
-                "hidden_state": _own(dump.hidden_state).unsqueeze(0),
-                "aux_hidden_state": _own(dump.aux_hidden_state).unsqueeze(0),
+                "hidden_state": dump.hidden_state.contiguous().unsqueeze(0),
+                "aux_hidden_state": dump.aux_hidden_state.contiguous().unsqueeze(0),
             }
             tmp = os.path.join(full_dir, f".{name}{TMP_MARK}{os.getpid()}-{next(self._n)}")
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
             try:
-                w = ChecksumWriter(fd)
-                _save(torch, payload, w)
+                if ckpt.fits(payload):
+                    written = ckpt.write(fd, payload)
+                    size, checksum = written.nbytes, f"crc32:{written.crc:08x}"
+                else:  # 4 GiB and up: torch's own zip64 writer
+                    payload = {k: _own(t) for k, t in payload.items()}
+                    w = ChecksumWriter(fd)
+                    _save(torch, payload, w)
+                    size, checksum = w.size, w.checksum
                 os.fdatasync(fd)
             except BaseException:
                 os.close(fd)
@@ -252,7 +259,7 @@ class Committer:
             raise CommitError(
                 e.errno or 5, f"commit of sample {idx} failed: {e.strerror or e}"
             ) from e
-        return Committed(rel, w.size, w.checksum)
+        return Committed(rel, size, checksum)
 
 
 def _save(torch: Any, payload: dict[str, Any], w: ChecksumWriter) -> None:
