@@ -106,7 +106,7 @@ def data_pkl(tensors: dict[str, torch.Tensor]) -> bytes:
     return buf.getvalue()
 
 
-def _raw(t: torch.Tensor) -> memoryview:
+def raw_bytes(t: torch.Tensor) -> memoryview:
     """The tensor's bytes, without a copy (any dtype, bf16 included)."""
     import torch
 
@@ -198,15 +198,15 @@ def write(fd: int, tensors: dict[str, torch.Tensor]) -> Written:
     a.record("archive/.storage_alignment", b"64")
     a.record("archive/byteorder", b"little")
     for key, t in enumerate(tensors.values()):
-        a.record(f"archive/data/{key}", _raw(t))
+        a.record(f"archive/data/{key}", raw_bytes(t))
     a.record("archive/version", b"3\n")
     a.record("archive/.data/serialization_id", str(uuid.uuid4().int).zfill(40).encode())
     a.finish()
-    _writev_all(fd, a.parts)
+    writev_all(fd, a.parts)
     return Written(a.pos, a.crc)
 
 
-def _writev_all(fd: int, parts: list[Any]) -> None:
+def writev_all(fd: int, parts: list[Any]) -> None:
     """``os.writev`` until everything is written (a regular file may take it in pieces)."""
     views = [memoryview(p).cast("B") for p in parts]
     while views:

@@ -1,0 +1,57 @@
+"""The dump file: written by our safetensors writer, read by safetensors itself."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+from eagle3d.dump import FORMAT, read_dump, write_dump
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_a_dump_reads_back_with_safetensors(dtype: torch.dtype, tmp_path: Path) -> None:
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 1000, (37,), generator=g)
+    aux = torch.randn(37, 96, generator=g).to(dtype)
+    hid = torch.randn(37, 32, generator=g).to(dtype)
+    path = write_dump(str(tmp_path), "r-1", ids, aux, hid, [2, 4, 5])
+    assert path == str(tmp_path / "r-1.e3dump")
+    assert not list(tmp_path.glob(".*"))  # the temp name is gone
+    got = load_file(path)  # safetensors' own reader
+    assert torch.equal(got["input_ids"], ids)
+    assert torch.equal(got["aux_hidden_state"], aux) and got["aux_hidden_state"].dtype == dtype
+    assert torch.equal(got["hidden_state"], hid)
+    with safe_open(path, framework="pt") as f:
+        meta = f.metadata()
+    want_dtype = str(dtype).removeprefix("torch.")
+    assert meta == {"format": FORMAT, "rid": "r-1", "layers": "2,4,5", "dtype": want_dtype}
+    d = read_dump(path)
+    assert (d.rid, d.layers, d.nbytes) == ("r-1", [2, 4, 5], Path(path).stat().st_size)
+
+
+def test_the_header_follows_the_format(tmp_path: Path) -> None:
+    """8-byte length, JSON header padded so the data starts 8-byte aligned, offsets that
+    tile the data exactly."""
+    ids, aux, hid = torch.arange(5), torch.zeros(5, 12), torch.zeros(5, 4)
+    raw = Path(write_dump(str(tmp_path), "x", ids, aux, hid, [1, 2, 3])).read_bytes()
+    (n,) = struct.unpack_from("<Q", raw)
+    assert (8 + n) % 8 == 0
+    header = json.loads(raw[8 : 8 + n])
+    spans = sorted(v["data_offsets"] for k, v in header.items() if k != "__metadata__")
+    assert spans[0][0] == 0 and spans[-1][1] == len(raw) - 8 - n
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(spans))
+
+
+def test_a_slice_of_a_batch_is_written_alone(tmp_path: Path) -> None:
+    """The worker writes each sample's cut of the batch: only that cut reaches the file."""
+    batch = torch.randn(3, 50, 8)
+    path = write_dump(str(tmp_path), "s", torch.arange(20), batch[1, :20, :6], batch[1, :20], [1])
+    got = load_file(path)
+    assert torch.equal(got["aux_hidden_state"], batch[1, :20, :6])
+    assert torch.equal(got["hidden_state"], batch[1, :20])
