@@ -2,7 +2,7 @@
 
 How many workers and torch threads each (automatic: one per GPU, or one single-threaded
 worker per core on a CPU within memory), which device each gets (round-robin over the GPUs),
-and which worker a request goes to (the one with the fewest waiting).
+and which worker a request goes to (the one with the fewest tokens outstanding).
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ class _Proc:
         self.stdin = _Pipe()
 
 
-def test_a_request_goes_to_the_worker_with_the_fewest_waiting() -> None:
+def test_a_request_goes_to_the_worker_with_the_fewest_tokens_outstanding() -> None:
     async def scenario() -> list[int]:
         p = HFProducer("m", dump_dir="/nonexistent", workers=2)
         loop = asyncio.get_running_loop()
@@ -125,22 +125,20 @@ def test_a_request_goes_to_the_worker_with_the_fewest_waiting() -> None:
             w.ready.set_result({})
             ws.append(w)
         p._workers = list(ws)
-        # Worker 0 is running a batch of 5 and has nothing waiting; worker 1 has 3 waiting.
-        ws[0].inflight = {f"a{i}": 10 for i in range(5)}
-        p._on_message(ws[0], {"op": "start", "rids": list(ws[0].inflight)})
+        # Worker 0 is running one 100-token request; worker 1 has three of 10 tokens waiting.
+        ws[0].inflight = {"a": 100}
         ws[1].inflight = {f"b{i}": 10 for i in range(3)}
         chosen = []
-        for i in range(4):
-            p.submit(Request(rid=f"n{i}", idx=i, input_ids=[1, 2, 3]))
+        for i in range(5):
+            p.submit(Request(rid=f"n{i}", idx=i, input_ids=[1] * 20))
             chosen.append(0 if f"n{i}" in ws[0].inflight else 1)
-        # When worker 0's batch is done its running set is empty again.
-        p._on_message(ws[0], {"op": "done", "rids": [f"a{i}" for i in range(5)], "secs": 0.1})
-        assert not ws[0].running
+        p._on_message(ws[0], {"op": "done", "rids": ["a"], "secs": 0.1})
+        assert "a" not in ws[0].inflight  # a finished request no longer counts
         return chosen
 
-    # Worker 0 takes all four (0 to 3 waiting against 3; a tie goes to the lower slot).
-    # Counting its running batch, as before, sent the first ones to worker 1.
-    assert asyncio.run(scenario()) == [0, 0, 0, 0]
+    # Worker 1 takes 20-token requests until it has more outstanding than worker 0's 100
+    # (30, 50, 70, 90, then 110); counting requests would have sent the first to worker 0.
+    assert asyncio.run(scenario()) == [1, 1, 1, 1, 0]
 
 
 def test_a_default_cpu_run_starts_the_automatic_layout(

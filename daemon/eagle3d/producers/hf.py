@@ -108,7 +108,6 @@ class _Worker:
     slot: int
     proc: asyncio.subprocess.Process
     inflight: dict[str, int] = field(default_factory=dict)  # rid -> tokens
-    running: set[str] = field(default_factory=set)  # in the worker's current batch
     last_progress: float = 0.0
     ready: asyncio.Future[dict[str, Any]] | None = None
     info: dict[str, Any] = field(default_factory=dict)
@@ -154,6 +153,8 @@ class HFProducer(Producer):
         self._rr = 0
         self._gpus = 0
         self._backlog: list[Request] = []  # submitted while no worker was up
+        self._real = 0  # tokens computed for real, and with padding, over all batches
+        self._padded = 0
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -251,18 +252,17 @@ class HFProducer(Producer):
                     ProducerStartError(f"{msg.get('error')}: {msg.get('message')}")
                 )
         elif op == "start":
-            w.running = {r for r in msg["rids"] if r in w.inflight}
             if self._events is not None:
                 self._events.requests_started(list(msg["rids"]))
         elif op == "done":
             w.last_progress = now
             for rid in msg["rids"]:
                 w.inflight.pop(rid, None)
-            w.running.clear()
             self._latency = ([*self._latency, float(msg.get("secs", 0.0))])[-20:]
+            self._real += int(msg.get("tokens", 0))
+            self._padded += int(msg.get("padded", 0))
         elif op == "fail" and self._events is not None:
             w.inflight.pop(msg["rid"], None)
-            w.running.discard(msg["rid"])
             self._events.request_failed(msg["rid"], msg["error"], msg.get("message", ""), True)
 
     async def _watch(self, w: _Worker) -> None:
@@ -289,7 +289,6 @@ class HFProducer(Producer):
         assert self._events is not None
         lost = list(w.inflight)
         w.inflight.clear()
-        w.running.clear()
         self._workers[w.slot] = None
         self._restarts += 1
         self._events.producer_state("restarting", reason)
@@ -345,9 +344,11 @@ class HFProducer(Producer):
                 return
             self._events.request_failed(request.rid, "ProducerDown", "no live worker", True)
             return
-        # To the worker with the fewest requests waiting (its running batch not counted), so
-        # each worker's batcher chooses from an equal share of the window.
-        w = min(live, key=lambda x: (len(x.inflight) - len(x.running), x.slot))
+        # To the worker with the fewest tokens outstanding (its running batch included): the
+        # work left is balanced, so the workers run out together at the end of the dataset.
+        # Balancing request counts left one single-threaded worker idle for the length of a
+        # batch (1.2-1.8 s of 8.6 s on the demo set) while the other finished.
+        w = min(live, key=lambda x: (sum(x.inflight.values()), x.slot))
         if not w.inflight:
             w.last_progress = time.monotonic()
         w.inflight[request.rid] = len(request.input_ids)
@@ -362,7 +363,6 @@ class HFProducer(Producer):
         for w in self._workers:
             if w is not None and rid in w.inflight:
                 del w.inflight[rid]
-                w.running.discard(rid)
                 assert w.proc.stdin is not None
                 with contextlib.suppress(ConnectionError, RuntimeError):
                     w.proc.stdin.write(encode_frame(_enc.encode({"op": "cancel", "rid": rid})))
@@ -393,5 +393,7 @@ class HFProducer(Producer):
                 "device": ", ".join(sorted({str(w.info.get("device", "")) for w in live})),
                 "dtype": str(self.info.get("dtype", "")),
                 "inflight": float(sum(len(w.inflight) for w in live)),
+                # Real tokens over computed ones: what the length-sorted batching saves.
+                "batch_fill": round(self._real / self._padded, 3) if self._padded else 0.0,
             },
         )

@@ -7,7 +7,7 @@ so that a crash here is survivable by the daemon.
 
 Protocol (msgpack maps in :mod:`eagle3proto.codec` frames):
   in:  {"op": "req", "rid", "ids"} | {"op": "cancel", "rid"} | {"op": "stop"}
-  out: {"op": "ready", ...} | {"op": "done", "rids", "tokens", "secs"}
+  out: {"op": "ready", ...} | {"op": "done", "rids", "tokens", "padded", "secs"}
        | {"op": "fail", "rid", "error", "message"}
 """
 
@@ -297,6 +297,7 @@ class Worker:
                 "op": "done",
                 "rids": rids,
                 "tokens": sum(len(s) for s in seqs),
+                "padded": len(seqs) * longest,
                 "secs": time.perf_counter() - t0,
             }
         )
