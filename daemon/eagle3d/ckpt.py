@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import io
 import os
 import pickle
 import struct
-import uuid
 import zlib
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -82,6 +82,7 @@ class _Pickler(pickle.Pickler):
         return None
 
 
+@functools.cache
 def _storage_classes() -> dict[Any, str]:
     """dtype -> the legacy typed-storage class name torch.save records ("FloatStorage")."""
     import torch
@@ -200,7 +201,9 @@ def write(fd: int, tensors: dict[str, torch.Tensor]) -> Written:
     for key, t in enumerate(tensors.values()):
         a.record(f"archive/data/{key}", raw_bytes(t))
     a.record("archive/version", b"3\n")
-    a.record("archive/.data/serialization_id", str(uuid.uuid4().int).zfill(40).encode())
+    # torch writes a random 128-bit number in decimal, zero-padded to 40 digits.
+    serial = int.from_bytes(os.urandom(16), "little")
+    a.record("archive/.data/serialization_id", f"{serial:040d}".encode())
     a.finish()
     writev_all(fd, a.parts)
     return Written(a.pos, a.crc)
