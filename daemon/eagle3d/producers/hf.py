@@ -345,9 +345,10 @@ class HFProducer(Producer):
             self._events.request_failed(request.rid, "ProducerDown", "no live worker", True)
             return
         # To the worker with the fewest tokens outstanding (its running batch included): the
-        # work left is balanced, so the workers run out together at the end of the dataset.
-        # Balancing request counts left one single-threaded worker idle for the length of a
-        # batch (1.2-1.8 s of 8.6 s on the demo set) while the other finished.
+        # work each has left, so the workers run out at about the same time at the end of
+        # the dataset. Counting only waiting requests left one single-threaded worker idle
+        # for the length of a batch (1.2-1.8 s of 8.6 s on the demo set); outstanding
+        # requests or tokens leave 0.2-0.7 s (docs/benchmarks.md, fifth session).
         w = min(live, key=lambda x: (sum(x.inflight.values()), x.slot))
         if not w.inflight:
             w.last_progress = time.monotonic()
