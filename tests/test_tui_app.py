@@ -169,6 +169,26 @@ async def test_panels_show_the_pipeline_throughput_eta_disk_gpu_producer_errors(
         assert "RUNNING" in text_of(app, "header")
 
 
+def test_producer_detail_is_wrapped_to_the_panel_with_whole_numbers_as_integers() -> None:
+    row = live_row()
+    assert row.state is not None and row.state.stats is not None
+    row.state.stats.producer.detail = {
+        "workers": 2.0,
+        "threads_per_worker": 1.0,
+        "batch_fill": 0.771,
+        "device": "cpu",
+        "dtype": "float32",
+        "inflight": 128.0,
+    }
+    text = panels.producer([row], T0).plain
+    detail = text.splitlines()[1:3]
+    assert detail == [
+        "batch_fill 0.771  device cpu  dtype float32  inflight 128",
+        "threads_per_worker 1  workers 2",
+    ]
+    assert all(len(line) <= 62 for line in detail)
+
+
 async def test_keys_pause_help_and_quit() -> None:
     app = make_app([live_row()])
     async with app.run_test(size=SIZE) as pilot:

@@ -259,9 +259,8 @@ def producer(rows: list[Row], now: float) -> Text:
             t.append(f"{p.name or 'producer'} ")
             t.append("up" if p.up else "DOWN", style=OK if p.up else BAD)
             t.append(f"  latency {p.latency_s:.2f} s  restarts {p.restarts}")
-            if not compact:
-                for k, val in sorted(p.detail.items())[:4]:
-                    t.append(f"  {k} {val}", style=DIM)
+            if not compact and p.detail:
+                t.append("\n" + _detail_lines(p.detail), style=DIM)
         if compact:
             if s.stats:
                 t.append(f"  cpu {s.stats.cpu_percent:.0f}%", style=DIM)
@@ -327,3 +326,18 @@ def fleet(rows: list[Row], now: float) -> Text:
     t.append(f"{fmt.count(v.saved):>12}{total:>12}{v.percent:6.1f}%{v.rate_1m.samples_s:11.2f}")
     t.append(f"{fmt.duration(v.eta_s):>12}", style="bold")
     return t
+
+
+def _detail_lines(detail: dict[str, float | str], width: int = 62) -> str:
+    """The producer's own facts, ``key value`` pairs sorted by key, wrapped to the panel
+    (three lines at most)."""
+    lines, line = [], ""
+    for k, val in sorted(detail.items()):
+        shown = str(int(val)) if isinstance(val, float) and val.is_integer() else str(val)
+        item = f"{k} {shown}"
+        if line and len(line) + 2 + len(item) > width:
+            lines.append(line)
+            line = item
+        else:
+            line = f"{line}  {item}" if line else item
+    return "\n".join([*lines, line][:3])
