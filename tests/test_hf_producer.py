@@ -8,6 +8,7 @@ and which worker a request goes to (the one with the fewest tokens outstanding).
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ import psutil
 import runkit
 from eagle3d.producers.base import Request
 from eagle3d.producers.hf import (
+    DUMP_GRACE_S,
     HFProducer,
     _Worker,
     model_weight_bytes,
@@ -139,6 +141,36 @@ def test_a_request_goes_to_the_worker_with_the_fewest_tokens_outstanding() -> No
     # Worker 1 takes 20-token requests until it has more outstanding than worker 0's 100
     # (30, 50, 70, 90, then 110); counting requests would have sent the first to worker 0.
     assert asyncio.run(scenario()) == [1, 1, 1, 1, 0]
+
+
+class _Events:
+    def __init__(self) -> None:
+        self.failed: list[tuple[str, str, bool]] = []
+
+    def request_failed(self, rid: str, error: str, message: str, retryable: bool) -> None:
+        self.failed.append((rid, error, retryable))
+
+    def producer_state(self, state: str, message: str = "") -> None:
+        pass
+
+    def requests_started(self, rids: list[str]) -> None:
+        pass
+
+
+def test_a_written_dump_the_daemon_never_saw_is_retried_after_the_grace() -> None:
+    p = HFProducer("m", dump_dir="/nonexistent", workers=1)
+    events = _Events()
+    p._events = events
+    w = _Worker(0, _Proc())  # type: ignore[arg-type]
+    p._on_message(w, {"op": "written", "rids": ["seen", "lost"]})
+    p.dump_arrived("seen")  # the daemon saw this one
+    t = time.monotonic()
+    p._missing_dumps(t + DUMP_GRACE_S / 2)
+    assert events.failed == []  # within the grace: nothing yet
+    p._missing_dumps(t + DUMP_GRACE_S + 1)
+    assert events.failed == [("lost", "DumpMissing", True)]
+    p._missing_dumps(t + 2 * DUMP_GRACE_S)
+    assert len(events.failed) == 1  # once
 
 
 def test_a_default_cpu_run_starts_the_automatic_layout(

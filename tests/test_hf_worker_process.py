@@ -103,3 +103,56 @@ def test_a_vanished_daemon_ends_the_worker_with_one_line(
         proc.kill()
     assert code == 1, err
     assert "the daemon closed its end of the pipe" in err, err
+
+
+def test_written_follows_each_batch_once_its_dumps_are_in_the_dump_area(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    dumps = tmp_path / "dumps"
+    proc, msgs = _ready(tiny_model_dir, dumps)
+    try:
+        _request(proc, 6)
+        written: set[str] = set()
+        done: set[str] = set()
+        for m in msgs:
+            if m["op"] == "done":
+                done.update(m["rids"])
+            elif m["op"] == "written":
+                for rid in m["rids"]:
+                    assert rid in done  # after the forward, never before
+                    assert (dumps / f"{rid}.e3dump").exists()  # and the file is there
+                written.update(m["rids"])
+            if len(written) == 6:
+                break
+        assert written == {f"r{i}" for i in range(6)}
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        _ended(proc)
+
+
+def test_a_dump_that_cannot_be_written_is_reported_failed_and_the_worker_goes_on(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """A dump area that refuses the write (here: a file where a dump's temp name goes) costs
+    that request a 'fail' report, not the writer thread: later requests are still dumped."""
+    dumps = tmp_path / "dumps"
+    proc, msgs = _ready(tiny_model_dir, dumps)
+    (dumps / ".r0.e3dump.tmp").mkdir()  # open(O_WRONLY) on a directory: EISDIR
+    try:
+        _request(proc, 3)
+        failed, written = [], set()
+        for m in msgs:
+            if m["op"] == "fail":
+                failed.append(m)
+            elif m["op"] == "written":
+                written.update(m["rids"])
+            if failed and {"r1", "r2"} <= written:
+                break
+        assert [f["rid"] for f in failed] == ["r0"]
+        assert failed[0]["error"] == "DumpWriteError" and "EISDIR" in failed[0]["message"]
+        assert (dumps / "r1.e3dump").exists() and (dumps / "r2.e3dump").exists()
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        _ended(proc)

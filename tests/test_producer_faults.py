@@ -181,3 +181,26 @@ def test_dumps_nobody_asked_for_are_removed_and_counted(
     assert not os.path.exists(stale)
     assert 12345 not in runkit.check(out).saved
     runkit.assert_complete(out, valid, malformed)
+
+
+def test_dump_area_removed_mid_run(slow_model_dir: Path, tmp_path: Path) -> None:
+    """A /dev/shm cleanup removes the dump area under a running job: the worker recreates it
+    for its next dump, the daemon watches the new directory, and the run completes."""
+    import shutil
+
+    data, out = tmp_path / "data.jsonl", tmp_path / "out"
+    valid, malformed = runkit.dataset(data, 40)
+    log = tmp_path / "log"
+    proc = runkit.start(
+        slow_model_dir, data, out, "--batch-tokens", "2048", log=log, fault="worker_slow:300"
+    )
+    try:
+        runkit.wait_for(lambda: len(runkit.records(out, "sample_saved")) >= 3, 120, "saves")
+        shutil.rmtree(f"{out}.dumps")
+        assert proc.wait(timeout=180) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    runkit.assert_complete(out, valid, malformed)
+    assert "was removed or replaced: watching it again" in log.read_text()

@@ -54,3 +54,27 @@ async def test_renamed_and_in_place_dumps_are_reported_reads_and_deletes_are_not
     finally:
         w.stop()
     assert w.scan() == [in_place]
+
+
+async def test_a_removed_dump_area_is_recreated_and_watched_again(tmp_path) -> None:
+    import shutil
+
+    d = str(tmp_path / "dumps")
+    loop = asyncio.get_running_loop()
+    got: list[str] = []
+    w = DumpWatcher(d, loop, got.append)
+    w.start()
+    try:
+        assert w.rearm() is False  # nothing happened: the watch stands
+        shutil.rmtree(d)  # a /dev/shm cleanup
+        assert w.rearm() is True and os.path.isdir(d)
+        assert w.rearm() is False
+        await asyncio.sleep(0.2)
+        ids = torch.arange(5)
+        path = await asyncio.to_thread(
+            write_dump, d, "c3", ids, torch.zeros(5, 12), torch.zeros(5, 4), [1, 2, 3]
+        )
+        await _settle(got, 1)
+        assert got == [path]  # reported by inotify again, not only by the periodic scan
+    finally:
+        w.stop()

@@ -15,6 +15,7 @@ by :func:`safetensors_parts` (one ``writev`` from the tensors' memory) and read 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import struct
@@ -71,8 +72,12 @@ def write_dump(
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         try:
             writev_all(fd, safetensors_parts(tensors, meta))
-        finally:
+        except BaseException:
             os.close(fd)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)  # a full dump area keeps no half-written temp file
+            raise
+        os.close(fd)
     else:  # pragma: no cover - a dtype the table lacks (fp8 capture, say)
         from safetensors.torch import save_file
 

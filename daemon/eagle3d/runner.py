@@ -459,6 +459,8 @@ class Daemon:
         if rid is None or not rid.startswith(self.rid_prefix):
             return  # another shard's dump in a shared dump area: not ours to judge
         p = self.inflight.get(rid)
+        if self.producer is not None:
+            self.producer.dump_arrived(rid)
         if p is None or p.stage != SENT:
             if p is None and os.path.exists(path):
                 self._orphan(path, "unknown or abandoned request")
@@ -655,6 +657,9 @@ class Daemon:
             self._check_timeouts(now)
             self._maybe_resume()
             if n % 5 == 0:
+                if self.watcher.rearm():
+                    log.warning("dump area %s was removed or replaced: watching it again",
+                                self.dump_dir)  # fmt: skip
                 for path in self.watcher.scan():
                     self._on_dump(path)  # safety net for a lost inotify event
             assert self.producer is not None

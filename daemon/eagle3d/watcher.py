@@ -50,6 +50,7 @@ class DumpWatcher:
         self.loop = loop
         self.on_dump = on_dump
         self._observer = Observer()
+        self._ino = 0
 
     def _notify(self, path: str) -> None:
         if rid_of(path) is not None and os.path.dirname(path) == self.dump_dir:
@@ -57,6 +58,31 @@ class DumpWatcher:
 
     def start(self) -> None:
         os.makedirs(self.dump_dir, exist_ok=True)
+        self._schedule()
+        self._observer.start()
+
+    def rearm(self) -> bool:
+        """Watch the dump area again if it was removed (and recreate it) or replaced.
+
+        An inotify watch follows the directory it was placed on: once that is deleted (a
+        /dev/shm cleanup), dumps land in a new directory nobody watches, and only the
+        periodic scan would find them. Returns whether the watch had to be renewed.
+        """
+        try:
+            same = os.stat(self.dump_dir).st_ino == self._ino
+        except FileNotFoundError:
+            os.makedirs(self.dump_dir, exist_ok=True)
+            same = False
+        # A deleted directory's inode number can come back with its successor, so also ask
+        # whether the watch is still alive (watchdog ends it when the directory goes).
+        if same and all(e.is_alive() for e in self._observer.emitters):
+            return False
+        self._observer.unschedule_all()
+        self._schedule()
+        return True
+
+    def _schedule(self) -> None:
+        self._ino = os.stat(self.dump_dir).st_ino
         # Only the events that can complete a dump: without a filter inotify also reports
         # every write of a dump (IN_MODIFY), and the daemon's own opens, reads and deletes,
         # each turned into Python objects on two threads - CPU taken from the producer.
@@ -66,7 +92,6 @@ class DumpWatcher:
             recursive=False,
             event_filter=[FileCreatedEvent, FileMovedEvent, FileClosedEvent],
         )
-        self._observer.start()
 
     def scan(self) -> list[str]:
         """Complete dumps present now (the safety net, and orphans at start)."""

@@ -65,6 +65,9 @@ class Producer(abc.ABC):
     def cancel(self, rid: str) -> None:  # noqa: B027 - optional hook
         """Forget a request (timed out on the daemon's side). Best effort."""
 
+    def dump_arrived(self, rid: str) -> None:  # noqa: B027 - optional hook
+        """The daemon saw the dump of ``rid`` (a producer may stop waiting for it)."""
+
     @abc.abstractmethod
     def health(self) -> ProducerHealth:
         """Current health, for ``stats`` records."""

@@ -27,6 +27,11 @@ _enc = msgspec.msgpack.Encoder()
 _dec = msgspec.msgpack.Decoder(dict[str, Any])
 
 
+# How long after a worker says a batch's dumps are written they may take to be seen by the
+# daemon (inotify, else its 5 s scan of the dump area).
+DUMP_GRACE_S = 20.0
+
+
 class ProducerStartError(RuntimeError):
     """The worker could not load the model."""
 
@@ -153,6 +158,7 @@ class HFProducer(Producer):
         self._rr = 0
         self._gpus = 0
         self._backlog: list[Request] = []  # submitted while no worker was up
+        self._awaiting: dict[str, float] = {}  # rid -> when its batch was done, no dump yet
         self._real = 0  # tokens computed for real, and with padding, over all batches
         self._padded = 0
 
@@ -261,9 +267,30 @@ class HFProducer(Producer):
             self._latency = ([*self._latency, float(msg.get("secs", 0.0))])[-20:]
             self._real += int(msg.get("tokens", 0))
             self._padded += int(msg.get("padded", 0))
+        elif op == "written":
+            for rid in msg["rids"]:
+                self._awaiting[rid] = now
         elif op == "fail" and self._events is not None:
             w.inflight.pop(msg["rid"], None)
             self._events.request_failed(msg["rid"], msg["error"], msg.get("message", ""), True)
+
+    def dump_arrived(self, rid: str) -> None:
+        self._awaiting.pop(rid, None)
+
+    def _missing_dumps(self, now: float) -> None:
+        """Requests whose dump the worker wrote long ago but the daemon never saw (removed
+        with the dump area before it looked): retried now rather than at the request
+        timeout. The worker's word only starts this clock; a late dump is an orphan."""
+        late = [rid for rid, t in self._awaiting.items() if now - t > DUMP_GRACE_S]
+        for rid in late:
+            del self._awaiting[rid]
+            if self._events is not None:
+                self._events.request_failed(
+                    rid,
+                    "DumpMissing",
+                    f"the worker wrote its dump {DUMP_GRACE_S:.0f} s ago and none arrived",
+                    True,
+                )
 
     async def _watch(self, w: _Worker) -> None:
         """Restart the worker when it dies or hangs; its in-flight requests are resent."""
@@ -271,6 +298,8 @@ class HFProducer(Producer):
             try:
                 code: int | None = await asyncio.wait_for(w.proc.wait(), timeout=1.0)
             except TimeoutError:
+                if w.slot == 0:
+                    self._missing_dumps(time.monotonic())
                 hung = w.inflight and time.monotonic() - w.last_progress > self.hang_timeout
                 if not hung:
                     continue
@@ -360,6 +389,7 @@ class HFProducer(Producer):
             w.proc.stdin.write(encode_frame(_enc.encode(msg)))
 
     def cancel(self, rid: str) -> None:
+        self._awaiting.pop(rid, None)
         self._backlog = [r for r in self._backlog if r.rid != rid]
         for w in self._workers:
             if w is not None and rid in w.inflight:

@@ -7,7 +7,9 @@ so that a crash here is survivable by the daemon.
 
 Protocol (msgpack maps in :mod:`eagle3proto.codec` frames):
   in:  {"op": "req", "rid", "ids"} | {"op": "cancel", "rid"} | {"op": "stop"}
-  out: {"op": "ready", ...} | {"op": "done", "rids", "tokens", "padded", "secs"}
+  out: {"op": "ready", ...} | {"op": "start", "rids"}
+       | {"op": "done", "rids", "tokens", "padded", "secs"} (the forward is done)
+       | {"op": "written", "rids"} (their dumps are in the dump area)
        | {"op": "fail", "rid", "error", "message"}
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import os
 import queue
 import sys
@@ -31,6 +34,7 @@ from .. import faults
 
 _enc = msgspec.msgpack.Encoder()
 _out_lock = threading.Lock()
+_WRITTEN = object()  # marks the end of a batch in the writer's queue
 
 
 def send(msg: dict[str, Any]) -> None:
@@ -159,7 +163,7 @@ class Worker:
         self.pending: dict[str, list[int]] = {}
         self.cancelled: set[str] = set()
         self.inbox: queue.Queue[dict[str, Any] | None] = queue.Queue()
-        self.writes: queue.Queue[tuple[str, Any, Any, Any] | None] = queue.Queue(maxsize=256)
+        self.writes: queue.Queue[tuple[Any, Any, Any, Any] | None] = queue.Queue(maxsize=256)
         self.batches = 0
         self.dumps = 0
         send(
@@ -194,14 +198,34 @@ class Worker:
             item = self.writes.get()
             if item is None:
                 return
+            if item[0] is _WRITTEN:  # the batch's dumps are all out: say so, once per batch
+                send({"op": "written", "rids": item[1]})
+                continue
             rid, ids, aux, hid = item
             self.dumps += 1
             fault = faults.hit("bad_dump")
             if fault is not None:
                 ids, aux, hid = self._corrupt(fault.arg, ids, aux, hid)
-            path = dump.write_dump(self.dump_dir, rid, ids, aux, hid, self.layers)
+            try:
+                path = self._write(dump, rid, ids, aux, hid)
+            except OSError as e:
+                # A full or vanished dump area must not kill this thread: the worker would
+                # go on computing batches nobody receives until its queue blocked it.
+                # The daemon retries the request (and records it failed if this persists).
+                err = errno.errorcode.get(e.errno or 0, "OSError")
+                send({"op": "fail", "rid": rid, "error": "DumpWriteError",
+                      "message": f"writing the dump failed: {err}: {e.strerror or e}"})  # fmt: skip
+                continue
             if fault is not None and fault.arg == "truncate":
                 os.truncate(path, os.path.getsize(path) // 2)
+
+    def _write(self, dump: Any, rid: str, ids: Any, aux: Any, hid: Any) -> str:
+        try:
+            return str(dump.write_dump(self.dump_dir, rid, ids, aux, hid, self.layers))
+        except FileNotFoundError:
+            # The dump area was removed under us (a /dev/shm cleanup): make it again, once.
+            os.makedirs(self.dump_dir, exist_ok=True)
+            return str(dump.write_dump(self.dump_dir, rid, ids, aux, hid, self.layers))
 
     def _corrupt(self, how: str, ids: Any, aux: Any, hid: Any) -> tuple[Any, Any, Any]:
         if how == "ids":
@@ -291,6 +315,7 @@ class Worker:
         for i, (rid, s) in enumerate(zip(rids, seqs, strict=True)):
             n = len(s)  # cut to the real length: padding is never stored
             self.writes.put((rid, ids_cpu[i, :n], aux_cpu[i, :n], final_cpu[i, :n]))
+        self.writes.put((_WRITTEN, rids, None, None))
         self.batches += 1
         send(
             {
