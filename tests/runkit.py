@@ -6,12 +6,15 @@ crash-loop harness's independent journal reader (``bench/crashloop.py``) and ``e
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -103,6 +106,18 @@ def start(
         )
     finally:
         logf.close()
+
+
+@contextlib.contextmanager
+def reaped(proc: subprocess.Popen[bytes]) -> Iterator[subprocess.Popen[bytes]]:
+    """A daemon started by :func:`start`, killed with its whole process group (workers
+    included) if the block leaves it running, so a failed test leaves no processes behind."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def verify(out: Path) -> dict[str, Any]:

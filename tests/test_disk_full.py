@@ -92,12 +92,7 @@ def test_commit_enospc_through_the_writer_seam(
         return real(fd, [memoryview(b)[:8192] for b in buffers[:1]])
 
     monkeypatch.setattr(os, "writev", writev)
-    c = Committer(str(tmp_path))
-    t = 400
-    with pytest.raises(CommitError) as ei:
-        c.commit(3, list(range(t)), [1] * t, _dump(t))
-    assert ei.value.errno == errno.ENOSPC, repr(ei.value)
-    assert [p.name for p in tmp_path.rglob("*") if p.is_file()] == []
+    _assert_commit_says_enospc_and_leaves_nothing(tmp_path)
 
 
 def test_commit_enospc_through_torch_save(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -115,12 +110,15 @@ def test_commit_enospc_through_torch_save(tmp_path: Path, monkeypatch: pytest.Mo
 
     monkeypatch.setattr(commit.ChecksumWriter, "write", write)
     monkeypatch.setattr(ckpt, "_LIMIT", 1000)
-    c = Committer(str(tmp_path))
+    _assert_commit_says_enospc_and_leaves_nothing(tmp_path)
+
+
+def _assert_commit_says_enospc_and_leaves_nothing(out: Path) -> None:
     t = 400
     with pytest.raises(CommitError) as ei:
-        c.commit(3, list(range(t)), [1] * t, _dump(t))
+        Committer(str(out)).commit(3, list(range(t)), [1] * t, _dump(t))
     assert ei.value.errno == errno.ENOSPC, repr(ei.value)
-    assert [p.name for p in tmp_path.rglob("*") if p.is_file()] == []
+    assert [p.name for p in out.rglob("*") if p.is_file()] == []
 
 
 @pytest.fixture

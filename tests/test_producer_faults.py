@@ -194,13 +194,9 @@ def test_dump_area_removed_mid_run(slow_model_dir: Path, tmp_path: Path) -> None
     proc = runkit.start(
         slow_model_dir, data, out, "--batch-tokens", "2048", log=log, fault="worker_slow:300"
     )
-    try:
+    with runkit.reaped(proc):
         runkit.wait_for(lambda: len(runkit.records(out, "sample_saved")) >= 3, 120, "saves")
         shutil.rmtree(f"{out}.dumps")
         assert proc.wait(timeout=180) == 0, log.read_text()[-3000:]
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
     runkit.assert_complete(out, valid, malformed)
     assert "was removed or replaced: watching it again" in log.read_text()

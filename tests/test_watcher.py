@@ -21,12 +21,17 @@ async def _settle(got: list[str], want: int, seconds: float = 5.0) -> None:
     await asyncio.sleep(0.3)  # and nothing more arrives
 
 
+def _started(d: str, got: list[str]) -> DumpWatcher:
+    """A watcher on ``d`` reporting into ``got``, started (call from the running loop)."""
+    w = DumpWatcher(d, asyncio.get_running_loop(), got.append)
+    w.start()
+    return w
+
+
 async def test_renamed_and_in_place_dumps_are_reported_reads_and_deletes_are_not(tmp_path) -> None:
     d = str(tmp_path / "dumps")
-    loop = asyncio.get_running_loop()
     got: list[str] = []
-    w = DumpWatcher(d, loop, got.append)
-    w.start()
+    w = _started(d, got)
     try:
         await asyncio.sleep(0.2)
         ids = torch.arange(5)
@@ -60,10 +65,8 @@ async def test_a_removed_dump_area_is_recreated_and_watched_again(tmp_path) -> N
     import shutil
 
     d = str(tmp_path / "dumps")
-    loop = asyncio.get_running_loop()
     got: list[str] = []
-    w = DumpWatcher(d, loop, got.append)
-    w.start()
+    w = _started(d, got)
     try:
         assert w.rearm() is False  # nothing happened: the watch stands
         shutil.rmtree(d)  # a /dev/shm cleanup
