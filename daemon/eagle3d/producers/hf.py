@@ -158,7 +158,7 @@ class HFProducer(Producer):
         self._rr = 0
         self._gpus = 0
         self._backlog: list[Request] = []  # submitted while no worker was up
-        self._awaiting: dict[str, float] = {}  # rid -> when its batch was done, no dump yet
+        self._awaiting: dict[str, float] = {}  # rid -> when its dump was written, not yet seen
         self._real = 0  # tokens computed for real, and with padding, over all batches
         self._padded = 0
 
