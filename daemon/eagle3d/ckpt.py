@@ -21,8 +21,6 @@ and the caller uses ``torch.save`` otherwise.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import functools
 import io
 import os
@@ -128,18 +126,26 @@ def fits(tensors: dict[str, torch.Tensor]) -> bool:
     return total < _LIMIT
 
 
-def _crc32_combine_fn() -> Any:
-    try:
-        name = ctypes.util.find_library("z") or "libz.so.1"
-        fn = ctypes.CDLL(name).crc32_combine
-    except (OSError, AttributeError):  # pragma: no cover - no shared zlib: two passes
-        return None
-    fn.restype = ctypes.c_ulong
-    fn.argtypes = (ctypes.c_ulong, ctypes.c_ulong, ctypes.c_longlong)
-    return fn
+@functools.cache
+def _crc32_combine() -> Any:
+    """zlib's ``crc32_combine`` (Python's zlib module does not expose it), or None.
 
+    Loaded on first use, not at import: ``ctypes.util.find_library`` runs ``ldconfig`` in a
+    subprocess, and this module is imported inside SGLang's workers (via the dump writer).
+    """
+    import ctypes.util
 
-_combine = _crc32_combine_fn()
+    for name in ("libz.so.1", ctypes.util.find_library("z")):
+        if not name:
+            continue
+        try:
+            fn = ctypes.CDLL(name).crc32_combine
+        except (OSError, AttributeError):  # pragma: no cover - try the next name
+            continue
+        fn.restype = ctypes.c_ulong
+        fn.argtypes = (ctypes.c_ulong, ctypes.c_ulong, ctypes.c_longlong)
+        return fn
+    return None  # pragma: no cover - no shared zlib: a second pass over the data instead
 
 
 class _Archive:
@@ -151,10 +157,11 @@ class _Archive:
 
     def _emit(self, data: Any, crc: int | None = None) -> None:
         n = len(data)
-        if crc is None or _combine is None:
+        combine = _crc32_combine() if crc is not None else None
+        if combine is None:
             self.crc = zlib.crc32(data, self.crc)
         else:
-            self.crc = _combine(self.crc, crc, n)
+            self.crc = combine(self.crc, crc, n)
         self.parts.append(data)
         self.pos += n
 
