@@ -162,8 +162,10 @@ def test_a_written_dump_the_daemon_never_saw_is_retried_after_the_grace() -> Non
     events = _Events()
     p._events = events
     w = _Worker(0, _Proc())  # type: ignore[arg-type]
-    p._on_message(w, {"op": "written", "rids": ["seen", "lost"]})
-    p.dump_arrived("seen")  # the daemon saw this one
+    p.dump_arrived("early")  # seen before its batch's "written" (the usual order)
+    p._on_message(w, {"op": "written", "rids": ["early", "seen", "lost"]})
+    p.dump_arrived("seen")  # seen after it
+    assert list(p._awaiting) == ["lost"] and not p._arrived
     t = time.monotonic()
     p._missing_dumps(t + DUMP_GRACE_S / 2)
     assert events.failed == []  # within the grace: nothing yet

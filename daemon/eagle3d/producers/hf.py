@@ -159,6 +159,7 @@ class HFProducer(Producer):
         self._gpus = 0
         self._backlog: list[Request] = []  # submitted while no worker was up
         self._awaiting: dict[str, float] = {}  # rid -> when its dump was written, not yet seen
+        self._arrived: dict[str, float] = {}  # rid -> when the daemon saw it, before "written"
         self._real = 0  # tokens computed for real, and with padding, over all batches
         self._padded = 0
 
@@ -268,19 +269,26 @@ class HFProducer(Producer):
             self._real += int(msg.get("tokens", 0))
             self._padded += int(msg.get("padded", 0))
         elif op == "written":
+            # Usually the daemon has seen most of a batch's dumps before the batch's
+            # "written" arrives (it is sent after the last one): only the rest is awaited.
             for rid in msg["rids"]:
-                self._awaiting[rid] = now
+                if self._arrived.pop(rid, None) is None:
+                    self._awaiting[rid] = now
         elif op == "fail" and self._events is not None:
             w.inflight.pop(msg["rid"], None)
             self._events.request_failed(msg["rid"], msg["error"], msg.get("message", ""), True)
 
     def dump_arrived(self, rid: str) -> None:
-        self._awaiting.pop(rid, None)
+        if self._awaiting.pop(rid, None) is None:
+            self._arrived[rid] = time.monotonic()
 
     def _missing_dumps(self, now: float) -> None:
         """Requests whose dump the worker wrote long ago but the daemon never saw (removed
         with the dump area before it looked): retried now rather than at the request
         timeout. The worker's word only starts this clock; a late dump is an orphan."""
+        # Seen dumps whose "written" never came (their worker died first) are forgotten.
+        for rid in [r for r, t in self._arrived.items() if now - t > DUMP_GRACE_S]:
+            del self._arrived[rid]
         late = [rid for rid, t in self._awaiting.items() if now - t > DUMP_GRACE_S]
         for rid in late:
             del self._awaiting[rid]
