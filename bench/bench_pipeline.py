@@ -178,13 +178,13 @@ def torch_threads() -> int:
 def load_for_bare(model: Path, device: str = "cpu", dtype: str = "float32") -> tuple[Any, Any]:
     """The model and the worker's capture hooks, as a worker loads them."""
     import torch
+    from eagle3d.config import default_aux_layers
     from eagle3d.producers.hf_worker import Capture
     from transformers import AutoModelForCausalLM
 
     m = AutoModelForCausalLM.from_pretrained(str(model), dtype=getattr(torch, dtype))
     m = m.eval().to(device)
-    n = m.config.num_hidden_layers
-    return m, Capture(m, [2, n // 2, n - 3])
+    return m, Capture(m, default_aux_layers(m.config.num_hidden_layers))
 
 
 def bare_loop(m: Any, cap: Any, samples: list[list[int]], device: str = "cpu") -> int:

@@ -31,6 +31,7 @@ from eagle3proto.codec import encode_frame
 from eagle3proto.wire import FrameBuffer
 
 from .. import faults
+from ..config import default_aux_layers
 
 _enc = msgspec.msgpack.Encoder()
 _out_lock = threading.Lock()
@@ -157,7 +158,7 @@ class Worker:
         model.eval().to(self.device)
         self.model = model
         n_layers = model.config.num_hidden_layers
-        self.layers = args.aux_layers or [2, n_layers // 2, n_layers - 3]
+        self.layers = args.aux_layers or default_aux_layers(n_layers)
         self.capture = Capture(model, self.layers)
         self.pad_id = 0
         self.pending: dict[str, list[int]] = {}
