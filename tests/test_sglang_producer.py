@@ -288,6 +288,30 @@ async def test_poll_reads_server_info_and_metrics_into_health(tmp_path: Path) ->
     await p.stop()
 
 
+async def test_refresh_reads_now_and_never_raises(tmp_path: Path) -> None:
+    srv = Server(str(tmp_path), metrics=METRICS_TEXT % "42.0")
+    down = False
+
+    async def handler(req: httpx.Request) -> httpx.Response:
+        if down:
+            raise httpx.ConnectError("refused", request=req)
+        return await srv(req)
+
+    p = SGLangProducer(
+        "http://x", dump_dir=str(tmp_path), aux_layers=None, poll_interval=3600.0,
+        transport=httpx.MockTransport(handler),
+    )  # fmt: skip
+    ev = Events()
+    await p.start(ev)
+    assert "prompt_tokens_total" not in p.health().detail  # the poller has not run yet
+    await p.refresh()
+    assert p.health().detail["prompt_tokens_total"] == 42.0
+    down = True
+    await p.refresh()  # the run's end must not fail on a last reading
+    assert ev.states[-1] == "down" and not p.health().up
+    await p.stop()
+
+
 def test_parse_metrics_and_rate() -> None:
     m = parse_metrics(METRICS_TEXT % "12.5")
     assert m == {"prompt_tokens_total": 12.5, "num_running_reqs": 7.0, "num_queue_reqs": 2.0}

@@ -22,7 +22,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from eagle3proto import events as ev
 from eagle3proto import paths, reducer
@@ -48,6 +48,9 @@ from .preflight import (
 )
 from .producers.base import Producer, Request
 from .watcher import DumpWatcher
+
+if TYPE_CHECKING:
+    from .telemetry import Telemetry
 
 log = logging.getLogger("eagle3d")
 
@@ -119,6 +122,8 @@ class Daemon:
         self.done = asyncio.Event()
         self._feed_stop = threading.Event()
         self._pipeline_started = False
+        self._finishing: asyncio.Future[None] | None = None
+        self._telemetry: Telemetry | None = None  # made with the first stats record
         self._lock: ShardLock | None = None
 
     # -- the whole lifecycle -------------------------------------------------------------------
@@ -569,17 +574,28 @@ class Daemon:
         self._check_done()
 
     def _check_done(self) -> None:
-        if self.inflight or self.done.is_set():
+        if self.inflight or self.done.is_set() or self._finishing is not None:
             return
         if self.feed_done and not self.stopping:
-            saved = sum(1 for i in self._shard_ids() if self.status[i] == SAVED)
-            failed = sum(1 for i in self._shard_ids() if self.status[i] == FAILED)
-            self._append(ev.RunFinished(saved=saved, failed=failed))
-            log.info("finished: %d saved, %d failed of %d", saved, failed, self.total)
-            self.done.set()
+            self._finishing = asyncio.ensure_future(self._finish())
         elif self.stopping:
             self._append(ev.RunStopped(reason=self.stopping, exit_code=EXIT_OK))
             self.done.set()
+
+    async def _finish(self) -> None:
+        """Every sample is done: a last stats record with fresh producer numbers, then
+        ``run_finished`` (the journal's last word on a finished job)."""
+        assert self.producer is not None
+        try:
+            await asyncio.wait_for(self.producer.refresh(), 5.0)
+        except Exception as e:  # a last reading is a nicety; finishing is not
+            log.debug("producer refresh at the end failed: %r", e)
+        self._append(self._stats("finished"))
+        saved = sum(1 for i in self._shard_ids() if self.status[i] == SAVED)
+        failed = sum(1 for i in self._shard_ids() if self.status[i] == FAILED)
+        self._append(ev.RunFinished(saved=saved, failed=failed))
+        log.info("finished: %d saved, %d failed of %d", saved, failed, self.total)
+        self.done.set()
 
     # -- pause on a full disk ------------------------------------------------------------------
 
@@ -645,10 +661,22 @@ class Daemon:
 
     # -- the 1-second tick ---------------------------------------------------------------------
 
-    async def _tick(self) -> None:
+    def _stats(self, state: str) -> ev.Stats:
+        """One stats record: disk, GPUs, this process, and the producer's health."""
         from .telemetry import Telemetry
 
-        telemetry = Telemetry(self.output, self.dump_dir)
+        assert self.producer is not None
+        if self._telemetry is None:
+            self._telemetry = Telemetry(self.output, self.dump_dir)
+        stats = self._telemetry.sample(
+            producer_health=self.producer.health(),
+            inflight=len(self.inflight),
+            orphans=self.orphans,
+        )
+        stats.state = state
+        return stats
+
+    async def _tick(self) -> None:
         n = 0
         while True:
             await asyncio.sleep(1.0)
@@ -662,14 +690,8 @@ class Daemon:
                                 self.dump_dir)  # fmt: skip
                 for path in self.watcher.scan():
                     self._on_dump(path)  # safety net for a lost inotify event
-            assert self.producer is not None
-            stats = telemetry.sample(
-                producer_health=self.producer.health(),
-                inflight=len(self.inflight),
-                orphans=self.orphans,
-            )
-            stats.state = "paused" if self.paused else ("draining" if self.stopping else "running")
-            self._append(stats)
+            state = "paused" if self.paused else ("draining" if self.stopping else "running")
+            self._append(self._stats(state))
             self._heartbeat(now)
             if n % 10 == 0:
                 self._log_progress()

@@ -80,6 +80,10 @@ class Producer(abc.ABC):
         """True when the producer has work but makes no progress (feeds the watchdog)."""
         return False
 
+    async def refresh(self) -> None:
+        """Bring ``health()`` up to date now: the run's last stats record is taken after it."""
+        return None  # most producers' health is always current
+
     @abc.abstractmethod
     async def stop(self) -> None:
         """Stop and release everything (worker processes, connections)."""

@@ -21,6 +21,7 @@ into :meth:`health` ``detail``: prompt tokens total and rate, running and queued
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import random
@@ -340,6 +341,12 @@ class SGLangProducer(Producer):
                 "server_info is not an object", request=r.request, response=r
             )
         return info
+
+    async def refresh(self) -> None:
+        # The poller reads every poll_interval; a short last lifetime of a restarted server
+        # (or a short job) could otherwise end with numbers a whole interval old.
+        with contextlib.suppress(httpx.HTTPError, ValueError, asyncio.TimeoutError):
+            await asyncio.wait_for(self.poll_once(time.monotonic()), 3.0)
 
     async def _poll(self) -> None:
         assert self.client is not None
