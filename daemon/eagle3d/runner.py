@@ -586,11 +586,11 @@ class Daemon:
         """Every sample is done: a last stats record with fresh producer numbers, then
         ``run_finished`` (the journal's last word on a finished job)."""
         assert self.producer is not None
-        try:
+        try:  # a last reading is a nicety; finishing is not
             await asyncio.wait_for(self.producer.refresh(), 5.0)
-        except Exception as e:  # a last reading is a nicety; finishing is not
-            log.debug("producer refresh at the end failed: %r", e)
-        self._append(self._stats("finished"))
+            self._append(self._stats("finished"))
+        except Exception:
+            log.exception("the last stats record before run_finished failed")
         saved = sum(1 for i in self._shard_ids() if self.status[i] == SAVED)
         failed = sum(1 for i in self._shard_ids() if self.status[i] == FAILED)
         self._append(ev.RunFinished(saved=saved, failed=failed))
