@@ -197,3 +197,83 @@ def test_a_default_cpu_run_starts_the_automatic_layout(
     assert ups and ups[0]["message"] == f"{workers} worker(s) on cpu, {threads} thread{plural} each"
     health = [rec["producer"] for rec in runkit.records(out, "stats") if rec.get("producer")]
     assert health and health[-1]["detail"]["workers"] == workers
+
+
+def _frames(w: _Worker) -> list[dict[str, Any]]:
+    """The messages the producer wrote to a fake worker's stdin."""
+    import msgspec
+    from eagle3proto.wire import FrameBuffer
+
+    pipe: Any = w.proc.stdin  # a _Pipe
+    dec = msgspec.msgpack.Decoder(dict[str, Any])
+    return [dec.decode(p) for p in FrameBuffer().feed(b"".join(pipe.frames))]
+
+
+def test_an_idle_worker_takes_over_half_of_what_waits_at_a_busy_one() -> None:
+    """At the end of the dataset nothing refills the workers: one that runs dry asks the
+    busiest for the newest of its waiting requests (half its remaining work, the running
+    batch counted half done); what comes back ("given": not started meanwhile) is
+    resubmitted, to the idle worker."""
+
+    async def scenario() -> None:
+        p = HFProducer("m", dump_dir="/nonexistent", workers=2)
+        p._events = _Events()
+        loop = asyncio.get_running_loop()
+        ws = []
+        for slot in range(2):
+            w = _Worker(slot, _Proc())  # type: ignore[arg-type]
+            w.ready = loop.create_future()
+            w.ready.set_result({})
+            ws.append(w)
+        p._workers = list(ws)
+        # Worker 1 gets a running batch of 100 tokens and six waiting requests of 50.
+        p._workers = [ws[1]]
+        for i in range(7):
+            p.submit(Request(rid=f"r{i}", idx=i, input_ids=[1] * (100 if i == 0 else 50)))
+        p._workers = list(ws)
+        p._on_message(ws[1], {"op": "start", "rids": ["r0"]})
+        p._on_message(ws[0], {"op": "done", "rids": [], "secs": 0.1})  # worker 0 runs dry
+        asked = [m for m in _frames(ws[1]) if m["op"] == "give"]
+        # Waiting 300 + running 100/2 = 350 left; half is 175: the newest four of 50 (200)
+        # would pass it, so three go (150), newest first.
+        assert asked == [{"op": "give", "rids": ["r6", "r5", "r4"]}]
+        assert ws[1].asked
+        p._on_message(ws[0], {"op": "done", "rids": [], "secs": 0.1})
+        assert len([m for m in _frames(ws[1]) if m["op"] == "give"]) == 1  # one at a time
+        p.cancel("r5")  # the daemon gave up on one meanwhile
+        # r4 had started at worker 1 by then: only r6 and r5 come back, and r5 is cancelled.
+        p._on_message(ws[1], {"op": "given", "rids": ["r6", "r5"]})
+        assert not ws[1].asked
+        moved = [m["rid"] for m in _frames(ws[0]) if m["op"] == "req"]
+        assert moved == ["r6"]
+        assert "r6" not in ws[1].inflight and ws[0].inflight == {"r6": 50}
+        assert p.health().detail["moved"] == 1.0
+        # A worker with requests of its own waiting never asks.
+        p._on_message(ws[1], {"op": "done", "rids": ["r0"], "secs": 0.1})
+        assert [m for m in _frames(ws[0]) if m["op"] == "give"] == []
+
+    asyncio.run(scenario())
+
+
+def test_a_worker_whose_requests_timed_out_stays_suspect_until_it_makes_progress() -> None:
+    """The daemon's request timeout equals the hang timeout and takes the hung worker's
+    requests away first; the worker must still count as hung, not as idle and fresh."""
+
+    async def scenario() -> None:
+        p = HFProducer("m", dump_dir="/nonexistent", workers=1, hang_timeout=5.0)
+        w = _Worker(0, _Proc())  # type: ignore[arg-type]
+        w.ready = asyncio.get_running_loop().create_future()
+        w.ready.set_result({})
+        p._workers = [w]
+        p.submit(Request(rid="a", idx=0, input_ids=[1] * 10))
+        t = w.last_progress
+        p.cancel("a")  # timed out at the daemon
+        assert not w.inflight and p._hung(w, t + 6.0) and p.is_stuck(t + 6.0)
+        p.submit(Request(rid="b", idx=1, input_ids=[1] * 10))  # no fresh clock for it
+        assert w.last_progress == t and p._hung(w, t + 6.0)
+        p._on_message(w, {"op": "start", "rids": ["b"]})  # progress: no longer suspect
+        assert not p._hung(w, time.monotonic() + 1.0)
+        p._on_message(w, {"op": "done", "rids": ["b"], "secs": 0.1})
+        assert not w.inflight and not p._hung(w, time.monotonic() + 60.0)  # idle is not hung
+
+    asyncio.run(scenario())

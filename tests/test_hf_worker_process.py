@@ -156,3 +156,38 @@ def test_a_dump_that_cannot_be_written_is_reported_failed_and_the_worker_goes_on
         assert proc.stdin is not None
         proc.stdin.close()
         _ended(proc)
+
+
+def test_give_hands_back_what_has_not_started_even_mid_batch(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """A "give" is answered while a batch runs: the requests still waiting come back in
+    "given" and are never computed here; one already running is not given."""
+    # 300 ms rest after each batch: the give lands while batch two or three is pending.
+    proc, msgs = _ready(tiny_model_dir, tmp_path / "dumps", fault="worker_slow:300")
+    try:
+        _request(proc, 20)  # 20 x 60 tokens at 256 per batch: five batches
+        first = next(m for m in msgs if m["op"] == "start")
+        assert proc.stdin is not None
+        want = [f"r{i}" for i in range(19, 9, -1)] + list(first["rids"])
+        proc.stdin.write(encode_frame(_enc.encode({"op": "give", "rids": want})))
+        proc.stdin.flush()
+        started, done, given = set(first["rids"]), set(), None
+        for m in msgs:
+            if m["op"] == "start":
+                started.update(m["rids"])
+            elif m["op"] == "done":
+                done.update(m["rids"])
+            elif m["op"] == "given":
+                given = list(m["rids"])
+            if given is not None and len(done) + len(given) == 20:
+                break
+        assert given is not None and set(given).isdisjoint(started)
+        assert not set(first["rids"]) & set(given)  # running: not given
+        assert set(given) == {f"r{i}" for i in range(10, 20)} - started
+        assert len(given) >= 5  # most of the newest ten had not started
+        assert done == {f"r{i}" for i in range(20)} - set(given)
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        _ended(proc)

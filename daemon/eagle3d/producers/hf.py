@@ -2,8 +2,12 @@
 
 Each worker (:mod:`eagle3d.producers.hf_worker`) is a child process fed over a pipe. When one
 dies, its in-flight requests are reported failed (retryable) so the daemon resends them, and
-the worker is restarted with capped back-off. When one has work but reports nothing for
-``hang_timeout`` seconds it is killed and restarted the same way.
+the worker is restarted with capped back-off. When one has work (or had work the daemon gave
+up on) but reports nothing for ``hang_timeout`` seconds it is killed and restarted the same way.
+
+A request goes to the worker with the fewest tokens outstanding. Each worker batches from its
+own queue; a worker that runs dry takes over the newest waiting requests of the busiest one
+(``give``/``given``), so at the end of the dataset the workers finish together.
 """
 
 from __future__ import annotations
@@ -112,8 +116,13 @@ def visible_gpus(device: str) -> int:
 class _Worker:
     slot: int
     proc: asyncio.subprocess.Process
-    inflight: dict[str, int] = field(default_factory=dict)  # rid -> tokens
+    inflight: dict[str, int] = field(default_factory=dict)  # rid -> tokens, oldest first
+    running: set[str] = field(default_factory=set)  # the batch it is computing now
+    asked: bool = False  # a "give" to it is unanswered
     last_progress: float = 0.0
+    # The daemon gave up on a request here since the last progress: the worker is not idle
+    # but suspect, and stays so (its hang clock keeps running) until it makes progress.
+    timed_out: bool = False
     ready: asyncio.Future[dict[str, Any]] | None = None
     info: dict[str, Any] = field(default_factory=dict)
     stopping: bool = False
@@ -160,6 +169,8 @@ class HFProducer(Producer):
         self._backlog: list[Request] = []  # submitted while no worker was up
         self._awaiting: dict[str, float] = {}  # rid -> when its dump was written, not yet seen
         self._arrived: dict[str, float] = {}  # rid -> when the daemon saw it, before "written"
+        self._requests: dict[str, Request] = {}  # at a worker: kept to move it elsewhere
+        self._moved = 0  # requests handed from a busy worker to an idle one
         self._real = 0  # tokens computed for real, and with padding, over all batches
         self._padded = 0
 
@@ -259,15 +270,29 @@ class HFProducer(Producer):
                     ProducerStartError(f"{msg.get('error')}: {msg.get('message')}")
                 )
         elif op == "start":
+            w.last_progress, w.timed_out = now, False
+            w.running = set(msg["rids"])
             if self._events is not None:
                 self._events.requests_started(list(msg["rids"]))
         elif op == "done":
-            w.last_progress = now
+            w.last_progress, w.timed_out = now, False
+            w.running = set()
             for rid in msg["rids"]:
                 w.inflight.pop(rid, None)
+                self._requests.pop(rid, None)
             self._latency = ([*self._latency, float(msg.get("secs", 0.0))])[-20:]
             self._real += int(msg.get("tokens", 0))
             self._padded += int(msg.get("padded", 0))
+            self._balance(w)
+        elif op == "given":
+            w.asked = False
+            for rid in msg["rids"]:
+                if w.inflight.pop(rid, None) is None:
+                    continue  # cancelled meanwhile
+                request = self._requests.pop(rid, None)
+                if request is not None:
+                    self._moved += 1
+                    self.submit(request)
         elif op == "written":
             # Usually the daemon has seen most of a batch's dumps before the batch's
             # "written" arrives (it is sent after the last one): only the rest is awaited.
@@ -276,7 +301,47 @@ class HFProducer(Producer):
                     self._awaiting[rid] = now
         elif op == "fail" and self._events is not None:
             w.inflight.pop(msg["rid"], None)
+            self._requests.pop(msg["rid"], None)
             self._events.request_failed(msg["rid"], msg["error"], msg.get("message", ""), True)
+
+    def _balance(self, idle: _Worker) -> None:
+        """``idle`` finished its batch with nothing waiting: take over part of the requests
+        waiting at the busiest worker, so that both run out at about the same time.
+
+        Dispatching by tokens outstanding balances the workers while the daemon refills its
+        window; at the end of the dataset nothing is refilled, and one worker used to sit
+        idle while another still had a queue behind its running batch (about 1 s of a 7.5 s
+        demo run on this machine's two single-threaded workers). The worker hands back only
+        what it has not started (its "given" answer); those are resubmitted here.
+        """
+        if idle.inflight or idle.stopping:
+            return
+        best: tuple[int, _Worker, list[str]] | None = None
+        for v in self._workers:
+            if v is None or v is idle or v.asked or v.stopping:
+                continue
+            waiting = [r for r in v.inflight if r not in v.running]
+            tokens = sum(v.inflight[r] for r in waiting)
+            if waiting and (best is None or tokens > best[0]):
+                best = (tokens, v, waiting)
+        if best is None:
+            return
+        waiting_tokens, victim, waiting = best
+        # Half of what the victim has left, counting its running batch as half done: the
+        # newest requests go, so the victim keeps its oldest-first order.
+        running = sum(victim.inflight[r] for r in victim.running if r in victim.inflight)
+        share = (waiting_tokens + running / 2) / 2
+        take: list[str] = []
+        taken = 0
+        for rid in reversed(waiting):
+            if take and taken + victim.inflight[rid] > share:
+                break
+            take.append(rid)
+            taken += victim.inflight[rid]
+        assert victim.proc.stdin is not None
+        victim.asked = True
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            victim.proc.stdin.write(encode_frame(_enc.encode({"op": "give", "rids": take})))
 
     def dump_arrived(self, rid: str) -> None:
         if self._awaiting.pop(rid, None) is None:
@@ -308,7 +373,7 @@ class HFProducer(Producer):
             except TimeoutError:
                 if w.slot == 0:
                     self._missing_dumps(time.monotonic())
-                hung = w.inflight and time.monotonic() - w.last_progress > self.hang_timeout
+                hung = self._hung(w, time.monotonic())
                 if not hung:
                     continue
                 reason = f"worker {w.proc.pid} made no progress for {self.hang_timeout:.0f} s"
@@ -326,6 +391,9 @@ class HFProducer(Producer):
         assert self._events is not None
         lost = list(w.inflight)
         w.inflight.clear()
+        w.running = set()
+        for rid in lost:
+            self._requests.pop(rid, None)
         self._workers[w.slot] = None
         self._restarts += 1
         self._events.producer_state("restarting", reason)
@@ -387,9 +455,10 @@ class HFProducer(Producer):
         # for the length of a batch (1.2-1.8 s of 8.6 s on the demo set); outstanding
         # requests or tokens leave 0.2-0.7 s (docs/benchmarks.md, fifth session).
         w = min(live, key=lambda x: (sum(x.inflight.values()), x.slot))
-        if not w.inflight:
-            w.last_progress = time.monotonic()
+        if not w.inflight and not w.timed_out:
+            w.last_progress = time.monotonic()  # it was idle, not stuck: the clock starts now
         w.inflight[request.rid] = len(request.input_ids)
+        self._requests[request.rid] = request
         msg = {"op": "req", "rid": request.rid, "ids": request.input_ids}
         assert w.proc.stdin is not None
         # A dead worker's pipe refuses the write; its watcher resends everything in flight.
@@ -398,10 +467,12 @@ class HFProducer(Producer):
 
     def cancel(self, rid: str) -> None:
         self._awaiting.pop(rid, None)
+        self._requests.pop(rid, None)
         self._backlog = [r for r in self._backlog if r.rid != rid]
         for w in self._workers:
             if w is not None and rid in w.inflight:
                 del w.inflight[rid]
+                w.timed_out = True
                 assert w.proc.stdin is not None
                 with contextlib.suppress(ConnectionError, RuntimeError):
                     w.proc.stdin.write(encode_frame(_enc.encode({"op": "cancel", "rid": rid})))
@@ -413,10 +484,14 @@ class HFProducer(Producer):
         return max(16, 4 * self.n_workers * max(1, self.batch_tokens // 512))
 
     def is_stuck(self, now: float) -> bool:
-        return any(
-            w is not None and w.inflight and now - w.last_progress > self.hang_timeout
-            for w in self._workers
-        )
+        return any(w is not None and self._hung(w, now) for w in self._workers)
+
+    def _hung(self, w: _Worker, now: float) -> bool:
+        """Work was waiting at ``w`` (or was given up on there) with no progress for
+        ``hang_timeout``. Counting the given-up requests matters: the daemon's own request
+        timeout (the same length) takes them away, and a hung worker with nothing left in
+        flight looked idle, was sent more, and was never restarted."""
+        return bool(w.inflight or w.timed_out) and now - w.last_progress > self.hang_timeout
 
     def health(self) -> ProducerHealth:
         live = [w for w in self._workers if w is not None and w.ready and w.ready.done()]
@@ -434,5 +509,6 @@ class HFProducer(Producer):
                 "inflight": float(sum(len(w.inflight) for w in live)),
                 # Real tokens over computed ones: what the length-sorted batching saves.
                 "batch_fill": round(self._real / self._padded, 3) if self._padded else 0.0,
+                "moved": float(self._moved),
             },
         )

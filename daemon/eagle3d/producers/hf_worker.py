@@ -7,10 +7,16 @@ so that a crash here is survivable by the daemon.
 
 Protocol (msgpack maps in :mod:`eagle3proto.codec` frames):
   in:  {"op": "req", "rid", "ids"} | {"op": "cancel", "rid"} | {"op": "stop"}
+       | {"op": "give", "rids"} (hand these back unless already started)
   out: {"op": "ready", ...} | {"op": "start", "rids"}
        | {"op": "done", "rids", "tokens", "padded", "secs"} (the forward is done)
        | {"op": "written", "rids"} (their dumps are in the dump area)
+       | {"op": "given", "rids"} (these were pending and are no longer this worker's)
        | {"op": "fail", "rid", "error", "message"}
+
+Requests land in ``pending`` as they are read, on the reader thread, even while a forward
+runs: a ``give`` is answered at once, so an idle worker can take over another's waiting
+requests without waiting for the other's batch to end (see ``HFProducer._balance``).
 """
 
 from __future__ import annotations
@@ -162,8 +168,9 @@ class Worker:
         self.capture = Capture(model, self.layers)
         self.pad_id = 0
         self.pending: dict[str, list[int]] = {}
-        self.cancelled: set[str] = set()
-        self.inbox: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        # Guards ``pending`` and ``closed``; the main loop waits on it for requests.
+        self.cond = threading.Condition()
+        self.closed = False  # stdin closed or "stop": finish the running batch and exit
         self.writes: queue.Queue[tuple[Any, Any, Any, Any] | None] = queue.Queue(maxsize=256)
         self.batches = 0
         self.dumps = 0
@@ -187,10 +194,29 @@ class Worker:
         while True:
             chunk = os.read(fd, 1 << 16)
             if not chunk:
-                self.inbox.put(None)
+                self.receive({"op": "stop"})
                 return
             for payload in frames.feed(chunk):
-                self.inbox.put(decode(payload))
+                self.receive(decode(payload))
+
+    def receive(self, msg: dict[str, Any]) -> None:
+        """Apply one message from the daemon to ``pending`` (reader thread)."""
+        op = msg.get("op")
+        given: list[str] | None = None
+        with self.cond:
+            if self.closed:
+                return
+            if op == "req":
+                self.pending[msg["rid"]] = list(msg["ids"])
+            elif op == "cancel":
+                self.pending.pop(msg["rid"], None)
+            elif op == "give":
+                given = [r for r in msg["rids"] if self.pending.pop(r, None) is not None]
+            elif op == "stop":
+                self.closed = True
+            self.cond.notify()
+        if given is not None:
+            send({"op": "given", "rids": given})
 
     def write_loop(self) -> None:
         from .. import dump
@@ -239,60 +265,42 @@ class Worker:
             hid[0, 0] = float("nan")
         return ids, aux, hid
 
-    def take_inbox(self, block: bool, timeout: float | None = None) -> bool:
-        """Move messages from the inbox into ``pending``. False when stdin closed / stop."""
-        try:
-            msg = self.inbox.get(block=block, timeout=timeout)
-        except queue.Empty:
-            return True
-        while True:
-            if msg is None or msg.get("op") == "stop":
-                return False
-            op = msg.get("op")
-            if op == "req":
-                self.pending[msg["rid"]] = list(msg["ids"])
-                self.cancelled.discard(msg["rid"])
-            elif op == "cancel":
-                self.pending.pop(msg["rid"], None)
-            try:
-                msg = self.inbox.get_nowait()
-            except queue.Empty:
-                return True
+    def next_rids(self, linger: float = 0.02) -> tuple[list[str], list[list[int]]] | None:
+        """Wait for requests and take the next batch out of ``pending``; None once closed.
 
-    def linger(self, alive: bool, seconds: float = 0.02) -> bool:
-        """Give a burst of requests a moment to land before packing a batch that is not full.
-
-        The daemon sends a window of requests at once; without this the first batch (and any
-        batch started mid-burst) would hold whatever one pipe read happened to deliver.
+        A batch that is not full waits ``linger`` seconds for more: the daemon sends a window
+        of requests at once, and without this the first batch (and any batch started
+        mid-burst) would hold whatever one pipe read happened to deliver.
         """
-        deadline = time.monotonic() + seconds
-        while alive and sum(map(len, self.pending.values())) < self.budget:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            alive = self.take_inbox(block=True, timeout=left)
-        return alive
+        with self.cond:
+            while True:
+                while not self.pending and not self.closed:
+                    self.cond.wait()
+                deadline = time.monotonic() + linger
+                while not self.closed and sum(map(len, self.pending.values())) < self.budget:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self.cond.wait(left)
+                if self.closed:
+                    return None
+                if self.pending:  # else a "give" took them all meanwhile
+                    break
+            lengths = {rid: len(ids) for rid, ids in self.pending.items()}
+            rids = next_batch(lengths, self.budget)
+            return rids, [self.pending.pop(r) for r in rids]
 
     def run(self) -> None:
         threading.Thread(target=self.read_stdin, daemon=True).start()
         writer = threading.Thread(target=self.write_loop, daemon=True)
         writer.start()
-        alive = True
-        while alive:
-            alive = self.take_inbox(block=not self.pending)
-            if not self.pending:
-                continue
-            alive = self.linger(alive)
-            lengths = {rid: len(ids) for rid, ids in self.pending.items()}
-            batch = next_batch(lengths, self.budget)
-            self.run_batch(batch)
-            alive = alive and self.take_inbox(block=False)
+        while (batch := self.next_rids()) is not None:
+            self.run_batch(*batch)
         self.writes.put(None)
         writer.join()
 
-    def run_batch(self, rids: list[str]) -> None:
+    def run_batch(self, rids: list[str], seqs: list[list[int]]) -> None:
         torch = self.torch
-        seqs = [self.pending.pop(r) for r in rids]
         # Said before the forward, so the daemon sends replacements while this batch runs
         # and the next batch is chosen from a full window, as in the bare loop.
         send({"op": "start", "rids": rids})
