@@ -110,6 +110,9 @@ def run_daemon(model: Path, dataset: str, out: Path, *extra: str) -> dict[str, f
     a no-op, not a measurement."""
     for stale in (out, Path(str(out) + "-dumps")):
         shutil.rmtree(stale, ignore_errors=True)
+    # The previous round's deletions are flushed before the clock starts: on a disk mounted
+    # with 'discard' (this machine's) they otherwise land inside this run's span.
+    os.sync()
     cmd = [sys.executable, "-m", "eagle3d", "run", "--model", str(model), "--dataset", dataset]
     cmd += [
         "--output",
@@ -128,6 +131,7 @@ def run_daemon(model: Path, dataset: str, out: Path, *extra: str) -> dict[str, f
     _, err = proc.communicate()
     rss.stop()
     wall = time.monotonic() - t0
+    os.sync()  # and this run's leftovers before the bare loop that follows is timed
     if proc.returncode != 0:
         raise RuntimeError(f"eagle3d run failed ({proc.returncode}): {err[-2000:]}")
     evs, _ = iter_events(paths.journal_dir(str(out), paths.Shard()))
@@ -193,7 +197,7 @@ def bare_loop(m: Any, cap: Any, samples: list[list[int]], device: str = "cpu") -
     On CUDA the states stay on the device (no copy to the host): the loop is the GPU's own pace.
     """
     import torch
-    from eagle3d.producers.hf_worker import next_batch
+    from eagle3d.producers.hf_worker import batch_budget, next_batch
 
     tokens = 0
     # The daemon's window with the worker's own batch rule, refilled in dataset order as
@@ -201,7 +205,8 @@ def bare_loop(m: Any, cap: Any, samples: list[list[int]], device: str = "cpu") -
     queue = iter(enumerate(samples))
     pool = {str(i): s for i, s in itertools.islice(queue, WINDOW)}
     while pool:
-        batch = next_batch({k: len(v) for k, v in pool.items()}, BATCH_TOKENS)
+        lengths = {k: len(v) for k, v in pool.items()}
+        batch = next_batch(lengths, batch_budget(sum(lengths.values()), BATCH_TOKENS))
         seqs = [pool.pop(r) for r in batch]
         longest = max(map(len, seqs))
         ids = torch.zeros((len(seqs), longest), dtype=torch.long)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import random
+import threading
+import time
 
-from eagle3d.producers.hf_worker import MIN_FILL, next_batch
+from eagle3d.producers.hf_worker import MIN_FILL, Worker, batch_budget, next_batch
 
 
 def padded(lengths: dict[str, int], batch: list[str]) -> int:
@@ -73,3 +75,53 @@ def test_nothing_starves_while_short_requests_keep_arriving() -> None:
             del pool[r]
     assert max(waits) <= 40
     assert real / pad > 0.75
+
+
+def test_the_last_work_of_a_queue_goes_in_two_lighter_batches() -> None:
+    assert batch_budget(10_000, 4096) == 4096  # a queue the daemon keeps full: the budget
+    assert batch_budget(4096, 4096) == 4096
+    assert batch_budget(3000, 4096) == 1500  # all of it fits in one batch: about half
+    assert batch_budget(1200, 4096) == 1024  # never under a quarter of the budget
+    assert batch_budget(300, 4096) == 1024  # so a small remainder stays one batch
+    # What the half budget does to a drained queue of mixed lengths: two batches of
+    # neighbours in length instead of one padded to the longest.
+    lengths = {f"r{i}": n for i, n in enumerate([100, 700, 120, 650, 110, 680])}
+    first = next_batch(lengths, batch_budget(sum(lengths.values()), 4096))
+    assert sorted(lengths[r] for r in first) == [100, 110, 120]
+
+
+def _bare_worker(budget: int) -> Worker:
+    """A Worker with its queue and nothing else (no model): for :meth:`Worker.next_rids`."""
+    w = Worker.__new__(Worker)
+    w.cond = threading.Condition()
+    w.pending = {}
+    w.closed = False
+    w.budget = budget
+    return w
+
+
+def _later(w: Worker, rid: str, delay: float) -> threading.Thread:
+    def put() -> None:
+        time.sleep(delay)
+        w.receive({"op": "req", "rid": rid, "ids": [1] * 50})
+
+    t = threading.Thread(target=put)
+    t.start()
+    return t
+
+
+def test_only_a_worker_that_waited_for_work_lingers_for_more() -> None:
+    # Idle, then a request: the burst it starts is waited for (up to the linger), so the
+    # second request, 0.2 s later, joins the batch (the budget of 100 then ends the wait).
+    w = _bare_worker(100)
+    threads = [_later(w, "a", 0.05), _later(w, "b", 0.25)]
+    assert w.next_rids(linger=30.0) == (["a", "b"], [[1] * 50, [1] * 50])
+    # Work already waiting (a batch just ended): no lingering; "d" comes too late to join.
+    w.pending["c"] = [1] * 50
+    t = _later(w, "d", 0.25)
+    assert w.next_rids(linger=30.0) == (["c"], [[1] * 50])
+    for th in [*threads, t]:
+        th.join()
+    assert list(w.pending) == ["d"]
+    w.receive({"op": "stop"})
+    assert w.next_rids() is None  # stopped: no batch, even with work waiting
