@@ -116,16 +116,22 @@ class _Proc:
         self.stdin = _Pipe()
 
 
+def _live_workers(n: int) -> list[_Worker]:
+    """``n`` workers that are up, with fake pipes (call inside a running loop)."""
+    loop = asyncio.get_running_loop()
+    ws = []
+    for slot in range(n):
+        w = _Worker(slot, _Proc())
+        w.ready = loop.create_future()
+        w.ready.set_result({})
+        ws.append(w)
+    return ws
+
+
 def test_a_request_goes_to_the_worker_with_the_fewest_tokens_outstanding() -> None:
     async def scenario() -> list[int]:
         p = HFProducer("m", dump_dir="/nonexistent", workers=2)
-        loop = asyncio.get_running_loop()
-        ws = []
-        for slot in range(2):
-            w = _Worker(slot, _Proc())  # type: ignore[arg-type]
-            w.ready = loop.create_future()
-            w.ready.set_result({})
-            ws.append(w)
+        ws = _live_workers(2)
         p._workers = list(ws)
         # Worker 0 is running one 100-token request; worker 1 has three of 10 tokens waiting.
         ws[0].inflight = {"a": 100}
@@ -161,7 +167,7 @@ def test_a_written_dump_the_daemon_never_saw_is_retried_after_the_grace() -> Non
     p = HFProducer("m", dump_dir="/nonexistent", workers=1)
     events = _Events()
     p._events = events
-    w = _Worker(0, _Proc())  # type: ignore[arg-type]
+    w = _Worker(0, _Proc())
     p.dump_arrived("early")  # seen before its batch's "written" (the usual order)
     p._on_message(w, {"op": "written", "rids": ["early", "seen", "lost"]})
     p.dump_arrived("seen")  # seen after it
@@ -218,13 +224,7 @@ def test_an_idle_worker_takes_over_half_of_what_waits_at_a_busy_one() -> None:
     async def scenario() -> None:
         p = HFProducer("m", dump_dir="/nonexistent", workers=2)
         p._events = _Events()
-        loop = asyncio.get_running_loop()
-        ws = []
-        for slot in range(2):
-            w = _Worker(slot, _Proc())  # type: ignore[arg-type]
-            w.ready = loop.create_future()
-            w.ready.set_result({})
-            ws.append(w)
+        ws = _live_workers(2)
         p._workers = list(ws)
         # Worker 1 gets a running batch of 100 tokens and six waiting requests of 50.
         p._workers = [ws[1]]
@@ -261,9 +261,7 @@ def test_a_worker_whose_requests_timed_out_stays_suspect_until_it_makes_progress
 
     async def scenario() -> None:
         p = HFProducer("m", dump_dir="/nonexistent", workers=1, hang_timeout=5.0)
-        w = _Worker(0, _Proc())  # type: ignore[arg-type]
-        w.ready = asyncio.get_running_loop().create_future()
-        w.ready.set_result({})
+        (w,) = _live_workers(1)
         p._workers = [w]
         p.submit(Request(rid="a", idx=0, input_ids=[1] * 10))
         t = w.last_progress
