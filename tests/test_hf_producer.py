@@ -255,13 +255,15 @@ def test_an_idle_worker_takes_over_half_of_what_waits_at_a_busy_one() -> None:
     asyncio.run(scenario())
 
 
-def test_a_worker_whose_requests_timed_out_stays_suspect_until_it_makes_progress() -> None:
-    """The daemon's request timeout equals the hang timeout and takes the hung worker's
-    requests away first; the worker must still count as hung, not as idle and fresh."""
+def test_a_worker_owes_progress_for_work_sent_even_after_it_is_taken_away() -> None:
+    """The daemon's request timeout (as long as the hang timeout) or an idle worker's "give"
+    can take a hung worker's requests away; it must still count as hung, not as idle and
+    fresh. Only progress, or the worker's own loop saying it waits for work, clears it."""
 
     async def scenario() -> None:
-        p = HFProducer("m", dump_dir="/nonexistent", workers=1, hang_timeout=5.0)
-        (w,) = _live_workers(1)
+        p = HFProducer("m", dump_dir="/nonexistent", workers=2, hang_timeout=5.0)
+        p._events = _Events()
+        w, other = _live_workers(2)
         p._workers = [w]
         p.submit(Request(rid="a", idx=0, input_ids=[1] * 10))
         t = w.last_progress
@@ -269,9 +271,21 @@ def test_a_worker_whose_requests_timed_out_stays_suspect_until_it_makes_progress
         assert not w.inflight and p._hung(w, t + 6.0) and p.is_stuck(t + 6.0)
         p.submit(Request(rid="b", idx=1, input_ids=[1] * 10))  # no fresh clock for it
         assert w.last_progress == t and p._hung(w, t + 6.0)
-        p._on_message(w, {"op": "start", "rids": ["b"]})  # progress: no longer suspect
-        assert not p._hung(w, time.monotonic() + 1.0)
-        p._on_message(w, {"op": "done", "rids": ["b"], "secs": 0.1})
+        w.asked = True
+        other.inflight = {"x": 1}  # busy, yet less than w: "b" goes there when given
+        p._workers = [w, other]
+        w.inflight["y"] = 100
+        p._on_message(w, {"op": "given", "rids": ["b"]})  # taken by another: still owed
+        assert "b" in other.inflight and "b" not in w.inflight
+        p.cancel("y")
+        p._workers = [w]
+        assert p._hung(w, t + 6.0)
+        p._on_message(w, {"op": "idle"})  # its loop is alive and waits: nothing owed
+        assert not p._hung(w, time.monotonic() + 60.0)
+        p.submit(Request(rid="c", idx=2, input_ids=[1] * 10))
+        p._on_message(w, {"op": "start", "rids": ["c"]})  # progress: a fresh clock
+        assert not p._hung(w, time.monotonic() + 1.0) and p._hung(w, time.monotonic() + 6.0)
+        p._on_message(w, {"op": "done", "rids": ["c"], "secs": 0.1})
         assert not w.inflight and not p._hung(w, time.monotonic() + 60.0)  # idle is not hung
 
     asyncio.run(scenario())

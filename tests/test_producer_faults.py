@@ -74,6 +74,9 @@ def test_hung_worker_is_killed_and_its_samples_resent(tiny_model_dir: Path, tmp_
         # timeout even on a loaded machine; only the hang should trip it.
         "--request-timeout", "5", "--concurrency", "4", "--batch-tokens", "1024",
         "--max-attempts", "4",
+        # One worker: with two, the other takes over the hung one's queue ("give", answered
+        # by its reader thread) and the run can end before the hang timeout.
+        "--workers", "1",
         fault=f"worker_hang:1@{tmp_path / 'hung-once'}",
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]

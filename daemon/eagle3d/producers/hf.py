@@ -120,9 +120,9 @@ class _Worker:
     running: set[str] = field(default_factory=set)  # the batch it is computing now
     asked: bool = False  # a "give" to it is unanswered
     last_progress: float = 0.0
-    # The daemon gave up on a request here since the last progress: the worker is not idle
-    # but suspect, and stays so (its hang clock keeps running) until it makes progress.
-    timed_out: bool = False
+    # Work was sent here since the worker last made progress or said it was idle: its hang
+    # clock runs, whatever then took the work away (the daemon's timeout, another worker).
+    owes: bool = False
     ready: asyncio.Future[dict[str, Any]] | None = None
     info: dict[str, Any] = field(default_factory=dict)
     stopping: bool = False
@@ -270,20 +270,24 @@ class HFProducer(Producer):
                     ProducerStartError(f"{msg.get('error')}: {msg.get('message')}")
                 )
         elif op == "start":
-            w.last_progress, w.timed_out = now, False
+            w.last_progress = now
             w.running = set(msg["rids"])
             if self._events is not None:
                 self._events.requests_started(list(msg["rids"]))
         elif op == "done":
-            w.last_progress, w.timed_out = now, False
+            w.last_progress = now
             w.running = set()
             for rid in msg["rids"]:
                 w.inflight.pop(rid, None)
                 self._requests.pop(rid, None)
+            w.owes = bool(w.inflight)
             self._latency = ([*self._latency, float(msg.get("secs", 0.0))])[-20:]
             self._real += int(msg.get("tokens", 0))
             self._padded += int(msg.get("padded", 0))
             self._balance(w)
+        elif op == "idle":  # the worker's own loop waits for work: alive and owing nothing
+            w.last_progress = now
+            w.owes = bool(w.inflight)
         elif op == "given":
             w.asked = False
             for rid in msg["rids"]:
@@ -455,8 +459,9 @@ class HFProducer(Producer):
         # for the length of a batch (1.2-1.8 s of 8.6 s on the demo set); outstanding
         # requests or tokens leave 0.2-0.7 s (docs/benchmarks.md, fifth session).
         w = min(live, key=lambda x: (sum(x.inflight.values()), x.slot))
-        if not w.inflight and not w.timed_out:
+        if not w.owes:
             w.last_progress = time.monotonic()  # it was idle, not stuck: the clock starts now
+            w.owes = True
         w.inflight[request.rid] = len(request.input_ids)
         self._requests[request.rid] = request
         msg = {"op": "req", "rid": request.rid, "ids": request.input_ids}
@@ -472,7 +477,6 @@ class HFProducer(Producer):
         for w in self._workers:
             if w is not None and rid in w.inflight:
                 del w.inflight[rid]
-                w.timed_out = True
                 assert w.proc.stdin is not None
                 with contextlib.suppress(ConnectionError, RuntimeError):
                     w.proc.stdin.write(encode_frame(_enc.encode({"op": "cancel", "rid": rid})))
@@ -487,11 +491,12 @@ class HFProducer(Producer):
         return any(w is not None and self._hung(w, now) for w in self._workers)
 
     def _hung(self, w: _Worker, now: float) -> bool:
-        """Work was waiting at ``w`` (or was given up on there) with no progress for
-        ``hang_timeout``. Counting the given-up requests matters: the daemon's own request
-        timeout (the same length) takes them away, and a hung worker with nothing left in
-        flight looked idle, was sent more, and was never restarted."""
-        return bool(w.inflight or w.timed_out) and now - w.last_progress > self.hang_timeout
+        """Work was sent to ``w`` and it made no progress (a batch started or done, or its
+        loop waiting for work) for ``hang_timeout``, even if the work has since been taken
+        away: by the daemon's own request timeout (the same length) or by an idle worker
+        (``give``, which the worker's reader thread answers even when its loop is stuck).
+        Otherwise a hung worker looked idle, was sent more, and was never restarted."""
+        return w.owes and now - w.last_progress > self.hang_timeout
 
     def health(self) -> ProducerHealth:
         live = [w for w in self._workers if w is not None and w.ready and w.ready.done()]

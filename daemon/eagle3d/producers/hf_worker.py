@@ -12,6 +12,7 @@ Protocol (msgpack maps in :mod:`eagle3proto.codec` frames):
        | {"op": "done", "rids", "tokens", "padded", "secs"} (the forward is done)
        | {"op": "written", "rids"} (their dumps are in the dump area)
        | {"op": "given", "rids"} (these were pending and are no longer this worker's)
+       | {"op": "idle"} (its loop waits for work)
        | {"op": "fail", "rid", "error", "message"}
 
 Requests land in ``pending`` as they are read, on the reader thread, even while a forward
@@ -291,6 +292,8 @@ class Worker:
             waited = False
             while True:
                 while not self.pending and not self.closed:
+                    if not waited:  # the producer's hang clock stops: this loop is alive
+                        send({"op": "idle"})
                     self.cond.wait()
                     waited = True
                 # Only a worker that had to wait for work lingers: one that just finished a
