@@ -232,13 +232,15 @@ def test_an_idle_worker_takes_over_half_of_what_waits_at_a_busy_one() -> None:
             p.submit(Request(rid=f"r{i}", idx=i, input_ids=[1] * (100 if i == 0 else 50)))
         p._workers = list(ws)
         p._on_message(ws[1], {"op": "start", "rids": ["r0"]})
-        p._on_message(ws[0], {"op": "done", "rids": [], "secs": 0.1})  # worker 0 runs dry
+        p._on_message(ws[0], {"op": "done", "rids": [], "secs": 0.1})
+        assert [m for m in _frames(ws[1]) if m["op"] == "give"] == []  # not yet: it may hang
+        p._on_message(ws[0], {"op": "idle"})  # worker 0's loop waits for work
         asked = [m for m in _frames(ws[1]) if m["op"] == "give"]
         # Waiting 300 + running 100/2 = 350 left; half is 175: the newest four of 50 (200)
         # would pass it, so three go (150), newest first.
         assert asked == [{"op": "give", "rids": ["r6", "r5", "r4"]}]
         assert ws[1].asked
-        p._on_message(ws[0], {"op": "done", "rids": [], "secs": 0.1})
+        p._on_message(ws[0], {"op": "idle"})
         assert len([m for m in _frames(ws[1]) if m["op"] == "give"]) == 1  # one at a time
         p.cancel("r5")  # the daemon gave up on one meanwhile
         # r4 had started at worker 1 by then: only r6 and r5 come back, and r5 is cancelled.
@@ -250,6 +252,7 @@ def test_an_idle_worker_takes_over_half_of_what_waits_at_a_busy_one() -> None:
         assert p.health().detail["moved"] == 1.0
         # A worker with requests of its own waiting never asks.
         p._on_message(ws[1], {"op": "done", "rids": ["r0"], "secs": 0.1})
+        p._on_message(ws[1], {"op": "idle"})
         assert [m for m in _frames(ws[0]) if m["op"] == "give"] == []
 
     asyncio.run(scenario())

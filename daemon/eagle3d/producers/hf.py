@@ -2,8 +2,9 @@
 
 Each worker (:mod:`eagle3d.producers.hf_worker`) is a child process fed over a pipe. When one
 dies, its in-flight requests are reported failed (retryable) so the daemon resends them, and
-the worker is restarted with capped back-off. When one has work (or had work the daemon gave
-up on) but reports nothing for ``hang_timeout`` seconds it is killed and restarted the same way.
+the worker is restarted with capped back-off. When work was sent to one and it reports no
+progress for ``hang_timeout`` seconds (even if the work was taken away meanwhile) it is killed
+and restarted the same way.
 
 A request goes to the worker with the fewest tokens outstanding. Each worker batches from its
 own queue; a worker that runs dry takes over the newest waiting requests of the busiest one
@@ -284,10 +285,12 @@ class HFProducer(Producer):
             self._latency = ([*self._latency, float(msg.get("secs", 0.0))])[-20:]
             self._real += int(msg.get("tokens", 0))
             self._padded += int(msg.get("padded", 0))
-            self._balance(w)
         elif op == "idle":  # the worker's own loop waits for work: alive and owing nothing
             w.last_progress = now
             w.owes = bool(w.inflight)
+            # Only a loop that says it waits takes work over: a worker that hangs after a
+            # batch's "done" must not pull others' requests into its queue.
+            self._balance(w)
         elif op == "given":
             w.asked = False
             for rid in msg["rids"]:
@@ -309,7 +312,7 @@ class HFProducer(Producer):
             self._events.request_failed(msg["rid"], msg["error"], msg.get("message", ""), True)
 
     def _balance(self, idle: _Worker) -> None:
-        """``idle`` finished its batch with nothing waiting: take over part of the requests
+        """``idle`` waits for work with nothing queued: take over part of the requests
         waiting at the busiest worker, so that both run out at about the same time.
 
         Dispatching by tokens outstanding balances the workers while the daemon refills its
