@@ -292,6 +292,69 @@ def test_durable_records_are_synced_before_append_returns(tmp_path):
     w.close()
 
 
+def test_append_many_is_one_write_and_one_sync_published_after_it(tmp_path):
+    from eagle3proto.fileops import OsFileOps
+
+    class Counting(OsFileOps):
+        writes = syncs = 0
+        published_at_sync: list[int] = []
+
+        def write(self, fd, data):
+            Counting.writes += 1
+            return super().write(fd, data)
+
+        def fdatasync(self, fd):
+            Counting.syncs += 1
+            Counting.published_at_sync.append(len(got))
+            super().fdatasync(fd)
+
+    got: list[int] = []
+    d = str(tmp_path / "j")
+    w = JournalWriter(d, background=False, fileops=Counting(), listener=lambda e: got.append(e.seq))
+    w.open()
+    w.append(ev.SampleSent(idx=0))  # chatty, buffered: goes out with the batch
+    writes, syncs = Counting.writes, Counting.syncs
+    batch = [saved(i) for i in range(1, 6)]
+    w.append_many(list(batch))
+    assert (Counting.writes - writes, Counting.syncs - syncs) == (1, 1)
+    assert Counting.published_at_sync[-1] == 0  # nothing was published before the sync
+    assert got == [0, 1, 2, 3, 4, 5]
+    assert [e.seq for e in batch] == [1, 2, 3, 4, 5]
+    w.append_many([])
+    assert Counting.syncs - syncs == 1
+    w.close()
+    events, rep = iter_events(d)
+    assert rep.problems == []
+    assert [e.seq for e in events][-6:] == [0, 1, 2, 3, 4, 5]
+
+
+def test_append_many_that_fails_records_none_of_them(tmp_path):
+    from eagle3proto.fileops import OsFileOps
+
+    class FullDisk(OsFileOps):
+        armed = False
+
+        def write(self, fd, data):
+            if self.armed:
+                return super().write(fd, bytes(data)[: len(data) // 2])
+            return super().write(fd, data)
+
+    fs = FullDisk()
+    d = str(tmp_path / "j")
+    w = JournalWriter(d, background=False, fileops=fs)
+    w.open()
+    w.append(saved(0))
+    fs.armed = True
+    with pytest.raises(JournalError):
+        w.append_many([saved(1), saved(2), saved(3)])
+    fs.armed = False
+    w.append_many([saved(4), saved(5)])
+    w.close()
+    events, rep = iter_events(d)
+    assert rep.problems == []
+    assert [(e.seq, e.idx) for e in events] == [(0, 0), (1, 4), (2, 5)]  # type: ignore[union-attr]
+
+
 def test_listener_sees_records_in_seq_order_from_threads(tmp_path):
     import threading
 

@@ -12,14 +12,15 @@ from pathlib import Path
 
 import pytest
 import runkit
+from eagle3d.runner import COMMIT_BATCH
 
 # (point, n): n is chosen so that the kill lands mid-run, after some samples are saved.
 POINTS = {
-    "after_tmp_write": 6,  # n-th commit
-    "after_rename": 6,
-    "before_journal_append": 6,
+    "after_tmp_write": 20,  # n-th commit (of 25 valid samples)
+    "after_rename": 20,
+    "before_journal_append": 20,
     "after_append_before_sync": 15,  # n-th journal fdatasync
-    "mid_frame": 30,  # n-th journal write
+    "mid_frame": 12,  # n-th journal write
 }
 
 
@@ -43,7 +44,9 @@ def test_kill_point(point: str, tiny_model_dir: Path, tmp_path: Path) -> None:
     if point == "mid_frame":
         assert c.torn_tail, "half a frame should be at the end of the journal"
     if point in ("after_tmp_write", "after_rename", "before_journal_append"):
-        assert len(c.saved) >= n - 1 - 2  # earlier commits stand (2 commit threads)
+        # Earlier commits stand: at most two batches were running (2 commit threads), the
+        # dying one and one other, and every sample of an earlier batch was saved.
+        assert len(c.saved) >= n - 1 - (2 * COMMIT_BATCH - 1)
 
     r2 = runkit.run(tiny_model_dir, data, out)
     assert r2.returncode == 0, r2.stderr[-2000:]

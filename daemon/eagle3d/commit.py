@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import os
 import threading
-import zlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from eagle3proto.paths import TMP_MARK, sample_relpath
 
 from . import ckpt, faults
+from .crc import crc32
 from .dump import BadDump, Dump
 
 if TYPE_CHECKING:
@@ -56,7 +57,7 @@ class ChecksumWriter:
 
     def write(self, data: Any) -> int:
         mv = memoryview(data).cast("B")
-        self.crc = zlib.crc32(mv, self.crc)
+        self.crc = crc32(mv, self.crc)
         n = len(mv)
         self.size += n
         if n < self.BUFFER:
@@ -91,7 +92,7 @@ def file_checksum(path: str, chunk: int = 16 << 20) -> tuple[int, str]:
         buf = bytearray(chunk)
         mv = memoryview(buf)
         while n := f.readinto(buf):
-            crc = zlib.crc32(mv[:n], crc)
+            crc = crc32(mv[:n], crc)
             size += n
     return size, f"crc32:{crc:08x}"
 
@@ -143,6 +144,12 @@ def all_finite(x: torch.Tensor, chunk: int = 1 << 20) -> bool:
     import numpy as np
     import torch
 
+    # One vectorised pass first: a NaN or an Inf makes the sum NaN or infinite whatever the
+    # order of the additions, so a finite sum proves every element finite. A sum that is not
+    # finite (a NaN or Inf, or finite values large enough to overflow) is decided below.
+    fast = x.dtype in (torch.float32, torch.float64) and x.device.type == "cpu"
+    if fast and math.isfinite(float(x.sum())):
+        return True
     spec = _EXPONENT.get(str(x.dtype).removeprefix("torch."))
     if spec is None or x.device.type != "cpu":
         return bool(torch.isfinite(x).all())
@@ -222,6 +229,56 @@ class Committer:
         dump: Dump,
     ) -> Committed:
         """Write sample ``idx`` atomically and durably. Raises CommitError on I/O failure."""
+        (result,) = self.commit_many([(idx, input_ids, loss_mask, dump)])
+        if isinstance(result, CommitError):
+            raise result
+        return result
+
+    def commit_many(
+        self, samples: list[tuple[int, list[int], list[int], Dump]]
+    ) -> list[Committed | CommitError]:
+        """Write several samples, each atomically and durably; one result per sample, in
+        order (a CommitError for each that failed, the others stand).
+
+        Each sample's temp file is written and fdatasync'ed, then all are renamed, then each
+        row directory is fsync'ed once for all its renames: a batch of samples costs one
+        directory sync instead of one each. A sample is committed only once its directory
+        sync returned; until then a crash may keep or lose it, and either is consistent
+        (the journal has no record of it yet, so it is redone).
+        """
+        out: list[Committed | CommitError | None] = [None] * len(samples)
+        staged: list[tuple[int, str, str, str, str, int, str]] = []
+        for k, (idx, input_ids, loss_mask, dump) in enumerate(samples):
+            try:
+                staged.append((k, *self._write_temp(idx, input_ids, loss_mask, dump)))
+            except CommitError as e:
+                out[k] = e
+        by_dir: dict[str, list[int]] = {}
+        for k, tmp, full_dir, name, rel, size, checksum in staged:
+            idx = samples[k][0]
+            try:
+                os.rename(tmp, os.path.join(full_dir, name))
+            except OSError as e:
+                _unlink_quietly(tmp)
+                out[k] = _error(idx, e)
+                continue
+            faults.kill_point("after_rename")
+            by_dir.setdefault(full_dir, []).append(k)
+            out[k] = Committed(rel, size, checksum)
+        for full_dir, ks in by_dir.items():
+            try:
+                _fsync_dir(full_dir)
+            except OSError as e:
+                for k in ks:
+                    out[k] = _error(samples[k][0], e)
+        return [r for r in out if r is not None]
+
+    def _write_temp(
+        self, idx: int, input_ids: list[int], loss_mask: list[int], dump: Dump
+    ) -> tuple[str, str, str, str, int, str]:
+        """Write and fdatasync sample ``idx`` under a temp name in its row directory.
+
+        Returns (temp path, directory, final name, relpath, size, checksum)."""
         import torch
 
         rel = sample_relpath(idx)
@@ -251,15 +308,14 @@ class Committer:
                 _unlink_quietly(tmp)
                 raise
             os.close(fd)
-            faults.kill_point("after_tmp_write")
-            os.rename(tmp, os.path.join(full_dir, name))
-            faults.kill_point("after_rename")
-            _fsync_dir(full_dir)
         except OSError as e:
-            raise CommitError(
-                e.errno or 5, f"commit of sample {idx} failed: {e.strerror or e}"
-            ) from e
-        return Committed(rel, size, checksum)
+            raise _error(idx, e) from e
+        faults.kill_point("after_tmp_write")
+        return tmp, full_dir, name, rel, size, checksum
+
+
+def _error(idx: int, e: OSError) -> CommitError:
+    return CommitError(e.errno or 5, f"commit of sample {idx} failed: {e.strerror or e}")
 
 
 def _save(torch: Any, payload: dict[str, Any], w: ChecksumWriter) -> None:

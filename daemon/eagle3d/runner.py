@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import errno
 import logging
@@ -33,7 +34,7 @@ from eagle3proto.paths import Shard
 from . import config, faults, job
 from .cli import EXIT_CODES
 from .commit import CommitError, Committer, validate
-from .dump import BadDump, read_dump, rid_of
+from .dump import BadDump, Dump, read_dump, rid_of
 from .handoff import Handoff
 from .preflight import (
     EXIT_CONFIG,
@@ -58,6 +59,7 @@ SENT, DUMPED = 1, 2
 PENDING, SAVED, FAILED = job.PENDING, job.SAVED, job.FAILED
 _END = object()
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+COMMIT_BATCH = 8  # samples a commit thread takes at once (see Daemon._start_commits)
 
 
 @dataclass(slots=True)
@@ -103,6 +105,12 @@ class Daemon:
         self.inflight: dict[str, Pending] = {}
         self.by_idx: dict[int, Pending] = {}
         self.retry_commits: list[Pending] = []
+        self.commit_queue: collections.deque[Pending] = collections.deque()
+        self.commit_busy = 0  # batches running on commit threads
+        self.commit_threads = 1
+        self._pub_lock = threading.Lock()
+        self._pub_queue: list[ev.Event] = []
+        self._pub_scheduled = False
         self.unrecorded: list[Any] = []  # bad lines whose sample_failed the journal refused
         self.orphans = 0
         self.paused = ""
@@ -264,6 +272,7 @@ class Daemon:
             self._orphan(path, "left by an earlier run")
         threads = cfg.commit_thread_count()
         self.commit_pool = ThreadPoolExecutor(threads, thread_name_prefix="commit")
+        self.commit_threads = threads
         log.info("committing to %s with %d threads", self.output, threads)
         starting = asyncio.create_task(self._start_producer())
         stop = asyncio.create_task(self.done.wait())
@@ -487,19 +496,57 @@ class Daemon:
             self._append(ev.DumpOrphan(rid=rid_of(path) or "", path=path, reason=reason))
 
     def _submit_commit(self, p: Pending) -> None:
-        fut = self.loop.run_in_executor(self.commit_pool, self._commit, p)
-        fut.add_done_callback(lambda f, p=p: self._committed(p, f.result()))  # type: ignore[misc]
+        self.commit_queue.append(p)
+        self._start_commits()
 
-    def _commit(self, p: Pending) -> tuple[str, str, int]:
-        """Commit thread: validate, write, journal. Returns (outcome, message, errno)."""
+    def _start_commits(self) -> None:
+        """Hand queued dumps to idle commit threads, several at a time.
+
+        Dumps arrive in bursts (a worker writes a whole batch's at once). A thread takes its
+        share of what is queued, up to ``COMMIT_BATCH``, and commits it with one directory
+        sync, one journal sync and one wakeup of this loop for all of it, instead of one of
+        each per sample: on a CPU producer every wakeup and syscall here is taken from the
+        forward beside it. While threads are busy, the queue fills, so the batches grow with
+        the load and stay single samples when the daemon keeps up.
+        """
+        while self.commit_queue and self.commit_busy < self.commit_threads:
+            free = self.commit_threads - self.commit_busy
+            take = min(COMMIT_BATCH, -(-len(self.commit_queue) // free))
+            batch = [self.commit_queue.popleft() for _ in range(take)]
+            self.commit_busy += 1
+            fut = self.loop.run_in_executor(self.commit_pool, self._commit_batch, batch)
+            fut.add_done_callback(lambda f, b=batch: self._batch_done(b, f.result()))  # type: ignore[misc]
+
+    def _batch_done(self, batch: list[Pending], results: list[tuple[str, str, int]]) -> None:
+        self.commit_busy -= 1
+        for p, result in zip(batch, results, strict=True):
+            self._committed(p, result)
+        self._start_commits()
+
+    def _commit_batch(self, batch: list[Pending]) -> list[tuple[str, str, int]]:
+        """Commit thread: validate, write, journal. One (outcome, message, errno) per sample."""
         assert self.journal is not None
+        results: list[tuple[str, str, int]] = [("error", "not committed", 0)] * len(batch)
         try:
-            dump = read_dump(p.dump_path)
-            validate(dump, p.input_ids, self.hidden_size, self.layers)
-            done = self.committer.commit(p.idx, p.input_ids, p.loss_mask, dump)
-            faults.kill_point("before_journal_append")
-            self.journal.append(
-                ev.SampleSaved(
+            todo: list[tuple[int, Dump]] = []
+            for k, p in enumerate(batch):
+                try:
+                    dump = read_dump(p.dump_path)
+                    validate(dump, p.input_ids, self.hidden_size, self.layers)
+                    todo.append((k, dump))
+                except BadDump as e:
+                    results[k] = ("bad_dump", str(e), 0)
+            written = self.committer.commit_many(
+                [(batch[k].idx, batch[k].input_ids, batch[k].loss_mask, d) for k, d in todo]
+            )
+            saved: list[tuple[int, ev.SampleSaved]] = []
+            for (k, _), done in zip(todo, written, strict=True):
+                p = batch[k]
+                if isinstance(done, CommitError):
+                    results[k] = ("io", f"CommitError: {done}", done.errno or 0)
+                    continue
+                faults.kill_point("before_journal_append")
+                rec = ev.SampleSaved(
                     idx=p.idx,
                     path=done.relpath,
                     bytes=done.nbytes,
@@ -507,18 +554,24 @@ class Daemon:
                     checksum=done.checksum,
                     truncated=p.truncated,
                 )
-            )
-            self.largest_sample = max(self.largest_sample, done.nbytes)
-        except BadDump as e:
-            return "bad_dump", str(e), 0
-        except (CommitError, JournalError) as e:
-            return "io", f"{type(e).__name__}: {e}", e.errno or 0
-        except Exception as e:  # a bug must not wedge the sample forever
-            log.exception("commit of sample %d failed", p.idx)
-            return "error", f"{type(e).__name__}: {e}", 0
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(p.dump_path)
-        return "saved", "", 0
+                saved.append((k, rec))
+                self.largest_sample = max(self.largest_sample, done.nbytes)
+            try:
+                self.journal.append_many([rec for _, rec in saved])
+            except JournalError as err:
+                for k, _ in saved:
+                    results[k] = ("io", f"JournalError: {err}", err.errno or 0)
+                return results
+            for k, _ in saved:
+                results[k] = ("saved", "", 0)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(batch[k].dump_path)
+        except Exception as e:  # a bug must not wedge the samples forever
+            log.exception("commit of samples %s failed", [p.idx for p in batch])
+            return [
+                r if r[0] == "saved" else ("error", f"{type(e).__name__}: {e}", 0) for r in results
+            ]
+        return results
 
     def _committed(self, p: Pending, result: tuple[str, str, int]) -> None:
         outcome, message, err = result
@@ -761,11 +814,31 @@ class Daemon:
             return False
 
     def _published_threadsafe(self, e: ev.Event) -> None:
+        """The journal's listener (any thread): queue ``e`` for the loop, in seq order.
+
+        Records are published in bursts (a commit batch, a flush of chatty records); the
+        loop is woken once per burst, not once per record.
+        """
         loop = getattr(self, "loop", None)
         if loop is None or loop.is_closed():
             return
-        with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(self._published, e)
+        with self._pub_lock:
+            self._pub_queue.append(e)
+            if self._pub_scheduled:
+                return
+            self._pub_scheduled = True
+        try:
+            loop.call_soon_threadsafe(self._drain_published)
+        except RuntimeError:  # the loop closed meanwhile
+            with self._pub_lock:
+                self._pub_scheduled = False
+
+    def _drain_published(self) -> None:
+        with self._pub_lock:
+            events, self._pub_queue = self._pub_queue, []
+            self._pub_scheduled = False
+        for e in events:
+            self._published(e)
 
     def _published(self, e: ev.Event) -> None:
         reducer.apply(self.state, e)

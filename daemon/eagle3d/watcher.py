@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from collections.abc import Callable
 
 from watchdog.events import (
@@ -51,10 +52,28 @@ class DumpWatcher:
         self.on_dump = on_dump
         self._observer = Observer()
         self._ino = 0
+        self._lock = threading.Lock()
+        self._arrived: list[str] = []
+        self._scheduled = False
 
     def _notify(self, path: str) -> None:
-        if rid_of(path) is not None and os.path.dirname(path) == self.dump_dir:
-            self.loop.call_soon_threadsafe(self.on_dump, path)
+        """Watchdog's thread: queue ``path`` for the loop. A producer's batch of dumps lands
+        at once; the loop is woken once for whatever arrived meanwhile, not once per dump."""
+        if rid_of(path) is None or os.path.dirname(path) != self.dump_dir:
+            return
+        with self._lock:
+            self._arrived.append(path)
+            if self._scheduled:
+                return
+            self._scheduled = True
+        self.loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        with self._lock:
+            paths, self._arrived = self._arrived, []
+            self._scheduled = False
+        for path in paths:
+            self.on_dump(path)
 
     def start(self) -> None:
         os.makedirs(self.dump_dir, exist_ok=True)

@@ -350,38 +350,55 @@ class JournalWriter:
             JournalError: the write or sync failed (disk full, I/O error). The journal was
                 cut back to its last good frame; the event was not recorded.
         """
-        if durable is None:
-            durable = type(event).durable
+        self.append_many([event], durable)
+        return event
+
+    def append_many(self, events: list[ev.Event], durable: bool | None = None) -> None:
+        """Append ``events`` in order, as consecutive records, with one write and (when any
+        is durable) one fdatasync: a commit thread's batch of ``sample_saved`` records costs
+        one sync, not one each. Durability and publishing are per record, as for
+        :meth:`append`; if the write or sync fails, none of them is recorded.
+
+        Raises:
+            JournalError: as :meth:`append`.
+        """
+        if not events:
+            return
         if self._seg_size >= self.segment_bytes:
             self._rotate()
+        any_durable = False
         with self._lock:
             if self._closed:
                 raise JournalError(9, "journal is closed")
-            event.seq = self._next_seq
-            if not event.ts:
-                event.ts = self.clock()
-            event.run = self.run_id
-            frame = encode_frame(ev.encode(event))
-            self._next_seq += 1
-            self._buf.append(frame)
-            self._buf_events.append(event)
-            self._buf_bytes += len(frame)
-            if self.listener is not None:
-                self._unpublished[event.seq] = event
+            frames = []
+            for n, event in enumerate(events):  # encode all first: a failure changes nothing
+                event.seq = self._next_seq + n
+                if not event.ts:
+                    event.ts = self.clock()
+                event.run = self.run_id
+                frames.append(encode_frame(ev.encode(event)))
+            self._next_seq += len(events)
+            for event, frame in zip(events, frames, strict=True):
+                self._buf.append(frame)
+                self._buf_events.append(event)
+                self._buf_bytes += len(frame)
+                if self.listener is not None:
+                    self._unpublished[event.seq] = event
+                if type(event).durable if durable is None else durable:
+                    self._durable_pending.append(event.seq)
+                    any_durable = True
             flushed = False
-            if durable:
-                self._durable_pending.append(event.seq)
+            if any_durable:
                 self._flush_locked()
             elif self._buf_bytes >= 1 << 16:
                 self._flush_locked()
                 flushed = True
-            seq = event.seq
-        if durable:
+            seq = events[-1].seq
+        if any_durable:
             self._sync_to(seq)
         elif flushed:
             # Chatty records are published once written; until a flush nothing new is.
             self._emit()
-        return event
 
     def _flush_locked(self) -> None:
         if not self._buf:

@@ -1,0 +1,90 @@
+"""eagle3d.commit: the finite check, and committing a batch of samples."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from eagle3d import commit
+from eagle3d.commit import CommitError, Committed, Committer, all_finite, file_checksum
+from eagle3d.dump import Dump
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_all_finite_finds_every_nan_and_inf(dtype: torch.dtype) -> None:
+    x = torch.randn(163, 768).to(dtype)
+    assert all_finite(x)
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        for pos in ((0, 0), (81, 400), (162, 767)):
+            y = x.clone()
+            y[pos] = bad
+            assert not all_finite(y), (bad, pos)
+
+
+def test_all_finite_with_an_overflowing_sum_of_finite_values() -> None:
+    # The fast path's sum overflows to inf here; the exact check must still say finite.
+    x = torch.full((1000,), 3e38, dtype=torch.float32)
+    assert torch.isinf(x.sum())
+    assert all_finite(x)
+    x[500] = float("inf")
+    assert not all_finite(x)
+    # +inf and -inf cancel to NaN in a sum: still caught.
+    x[501] = float("-inf")
+    assert not all_finite(x)
+
+
+def _dump(t: int, h: int = 32) -> Dump:
+    g = torch.Generator().manual_seed(t)
+    return Dump(
+        rid=f"r{t}",
+        layers=[2, 4, 5],
+        input_ids=torch.arange(t),
+        aux_hidden_state=torch.randn(t, 3 * h, generator=g),
+        hidden_state=torch.randn(t, h, generator=g),
+        nbytes=0,
+    )
+
+
+def test_commit_many_syncs_each_row_directory_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[str] = []
+    real = commit._fsync_dir
+
+    def counting(path: str) -> None:
+        synced.append(path)
+        real(path)
+
+    monkeypatch.setattr(commit, "_fsync_dir", counting)
+    c = Committer(str(tmp_path))
+    ids = [3, 4, 1999, 2000, 2001]  # two row directories
+    samples = [(i, list(range(5 + k)), [1] * (5 + k), _dump(5 + k)) for k, i in enumerate(ids)]
+    synced.clear()
+    results = c.commit_many(samples)
+    assert all(isinstance(r, Committed) for r in results)
+    rows = [s for s in synced if os.path.basename(s).startswith("rows_")]
+    assert sorted(map(os.path.basename, rows)) == ["rows_0-2000", "rows_2000-4000"]
+    for (_, input_ids, _, d), r in zip(samples, results, strict=True):
+        assert isinstance(r, Committed)
+        path = tmp_path / r.relpath
+        assert file_checksum(str(path)) == (r.nbytes, r.checksum)
+        got = torch.load(path, weights_only=True)
+        assert got["input_ids"].tolist() == input_ids
+        assert torch.equal(got["aux_hidden_state"][0], d.aux_hidden_state)
+    assert not [p for p in tmp_path.rglob("*") if ".tmp" in p.name]
+
+
+def test_commit_many_one_failure_leaves_the_others_committed(tmp_path: Path) -> None:
+    c = Committer(str(tmp_path))
+    # A directory squatting on sample 1's final name makes its rename fail (EISDIR).
+    (tmp_path / "rows_0-2000" / "data_1.ckpt").mkdir(parents=True)
+    samples = [(i, [1, 2, 3], [0, 1, 1], _dump(3)) for i in (0, 1, 2)]
+    r0, r1, r2 = c.commit_many(samples)
+    assert isinstance(r0, Committed) and isinstance(r2, Committed)
+    assert isinstance(r1, CommitError) and "sample 1" in str(r1)
+    assert (tmp_path / r0.relpath).is_file() and (tmp_path / r2.relpath).is_file()
+    assert not [p for p in tmp_path.rglob("*") if ".tmp" in p.name]  # its temp file is gone
+    with pytest.raises(CommitError):
+        c.commit(1, [1, 2, 3], [0, 1, 1], _dump(3))
