@@ -10,7 +10,7 @@ archive directly:
 * ``archive/data.pkl`` is pickled from stand-ins that reduce exactly as tensors do, so its
   bytes equal ``torch.save``'s (tests compare them);
 * the records are stored (not compressed), each data record 64-byte aligned as torch's
-  writer aligns them (``torch.load(mmap=True)`` needs that), with zlib's CRC-32;
+  writer aligns them (``torch.load(mmap=True)`` needs that), with CRC-32 (:mod:`eagle3d.crc`);
 * the whole file goes out in one ``writev`` straight from the tensors' memory, and the
   file's own CRC-32 (the journal's checksum) is combined from the records' CRCs
   (``crc32_combine``) instead of a second pass over the data.
@@ -26,10 +26,11 @@ import io
 import os
 import pickle
 import struct
-import zlib
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from .crc import crc32
 
 if TYPE_CHECKING:
     import torch
@@ -159,7 +160,7 @@ class _Archive:
         n = len(data)
         combine = _crc32_combine() if crc is not None else None
         if combine is None:
-            self.crc = zlib.crc32(data, self.crc)
+            self.crc = crc32(data, self.crc)
         else:
             self.crc = combine(self.crc, crc, n)
         self.parts.append(data)
@@ -167,7 +168,7 @@ class _Archive:
 
     def record(self, name: str, data: Any) -> None:
         raw = name.encode()
-        crc = zlib.crc32(data)
+        crc = crc32(data, 0)
         size = len(data)
         offset = self.pos
         # The "FB" extra field pads the header so the data starts on a 64-byte boundary.
