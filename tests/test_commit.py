@@ -88,3 +88,63 @@ def test_commit_many_one_failure_leaves_the_others_committed(tmp_path: Path) -> 
     assert not [p for p in tmp_path.rglob("*") if ".tmp" in p.name]  # its temp file is gone
     with pytest.raises(CommitError):
         c.commit(1, [1, 2, 3], [0, 1, 1], _dump(3))
+
+
+def _sample_ok(root: Path, r: Committed | CommitError, d: Dump, ids: list[int]) -> None:
+    assert isinstance(r, Committed)
+    path = root / r.relpath
+    assert file_checksum(str(path)) == (r.nbytes, r.checksum)
+    assert path.stat().st_size == r.nbytes
+    got = torch.load(path, weights_only=True)
+    assert got["input_ids"].tolist() == ids
+    assert torch.equal(got["hidden_state"][0], d.hidden_state)
+    assert torch.equal(got["aux_hidden_state"][0], d.aux_hidden_state)
+
+
+@pytest.mark.parametrize("t", [1, 5, 163, 1000])
+def test_direct_and_buffered_writes_give_the_same_sample(t: int, tmp_path: Path) -> None:
+    d = _dump(t)
+    ids = list(range(t))
+    rd = Committer(str(tmp_path / "d"), direct=True).commit(0, ids, [1] * t, d)
+    rb = Committer(str(tmp_path / "b"), direct=False).commit(0, ids, [1] * t, d)
+    _sample_ok(tmp_path / "d", rd, d, ids)
+    _sample_ok(tmp_path / "b", rb, d, ids)
+    assert rd.nbytes == rb.nbytes  # the same archive; only its serial id differs
+
+
+def test_a_filesystem_refusing_direct_io_at_open_gets_buffered_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = os.open
+
+    def no_direct(path: str, flags: int, mode: int = 0o777) -> int:
+        if flags & os.O_DIRECT:
+            raise OSError(22, "Invalid argument")  # tmpfs before Linux 6.6, for one
+        return real(path, flags, mode)
+
+    monkeypatch.setattr(os, "open", no_direct)
+    c = Committer(str(tmp_path))
+    d = _dump(50)
+    r = c.commit(7, list(range(50)), [1] * 50, d)
+    assert c.direct is False
+    _sample_ok(tmp_path, r, d, list(range(50)))
+
+
+def test_a_direct_write_refused_midway_is_redone_buffered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = os.pwrite
+    calls = []
+
+    def refusing(fd: int, data: memoryview, offset: int) -> int:
+        calls.append(offset)
+        if offset > 0:
+            raise OSError(22, "Invalid argument")  # say, a device wanting other alignment
+        return real(fd, memoryview(data)[:4096], offset)
+
+    monkeypatch.setattr(os, "pwrite", refusing)
+    c = Committer(str(tmp_path))
+    d = _dump(300)
+    r = c.commit(8, list(range(300)), [1] * 300, d)
+    assert calls[:2] == [0, 4096] and c.direct is False
+    _sample_ok(tmp_path, r, d, list(range(300)))

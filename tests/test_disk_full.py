@@ -79,20 +79,27 @@ def test_commit_on_a_full_disk_raises_enospc_and_leaves_nothing(small_fs: Path) 
     assert leftovers == []  # no temp file, no final file
 
 
+@pytest.mark.parametrize("direct", [False, True], ids=["buffered", "direct"])
 def test_commit_enospc_through_the_writer_seam(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    direct: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The same promise without a mount: the write fails with ENOSPC mid-file, after part
-    of it reached the file (as a real full disk does)."""
-    real = os.writev
+    of it reached the file (as a real full disk does); for buffered and direct writes."""
+    real_writev, real_pwrite = os.writev, os.pwrite
 
     def writev(fd: int, buffers: list[memoryview]) -> int:
         if os.fstat(fd).st_size > 20_000:
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real(fd, [memoryview(b)[:8192] for b in buffers[:1]])
+        return real_writev(fd, [memoryview(b)[:8192] for b in buffers[:1]])
+
+    def pwrite(fd: int, data: memoryview, offset: int) -> int:
+        if offset > 20_000:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_pwrite(fd, memoryview(data)[:8192], offset)
 
     monkeypatch.setattr(os, "writev", writev)
-    _assert_commit_says_enospc_and_leaves_nothing(tmp_path)
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    _assert_commit_says_enospc_and_leaves_nothing(tmp_path, direct)
 
 
 def test_commit_enospc_through_torch_save(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -113,10 +120,12 @@ def test_commit_enospc_through_torch_save(tmp_path: Path, monkeypatch: pytest.Mo
     _assert_commit_says_enospc_and_leaves_nothing(tmp_path)
 
 
-def _assert_commit_says_enospc_and_leaves_nothing(out: Path) -> None:
+def _assert_commit_says_enospc_and_leaves_nothing(out: Path, direct: bool = True) -> None:
     t = 400
+    c = Committer(str(out), direct=direct)
     with pytest.raises(CommitError) as ei:
-        Committer(str(out)).commit(3, list(range(t)), [1] * t, _dump(t))
+        c.commit(3, list(range(t)), [1] * t, _dump(t))
+    assert c.direct == direct  # ENOSPC is no reason to give up direct I/O
     assert ei.value.errno == errno.ENOSPC, repr(ei.value)
     assert [p.name for p in out.rglob("*") if p.is_file()] == []
 

@@ -1,17 +1,22 @@
 """Validate a dump and commit it as a SpecForge-readable sample, atomically.
 
 Commit order per sample: write ``rows_*/.data_<idx>.ckpt.tmp-*`` in the final directory while
-computing the content checksum (in ``torch.save``'s format by :mod:`eagle3d.ckpt`, or by
-``torch.save`` itself for samples of 4 GiB and more), fsync it, rename it to
-``data_<idx>.ckpt``, fsync the directory. Only then may the caller append ``sample_saved`` to the journal. A crash at any
-instant leaves the sample either complete under its final name, or absent (a stray temp file
-is removed at the next start).
+computing the content checksum (in ``torch.save``'s format by :mod:`eagle3d.ckpt`, with
+direct I/O where the filesystem allows it, or by ``torch.save`` itself for samples of 4 GiB
+and more), fdatasync it, rename it to ``data_<idx>.ckpt``, fsync the directory. Only then
+may the caller append ``sample_saved`` to the journal. A crash at any instant leaves the
+sample either complete under its final name, or absent (a stray temp file is removed at the
+next start). :meth:`Committer.commit_many` does this for a batch, with one directory sync
+per row directory for all of it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import itertools
+import logging
 import math
 import os
 import threading
@@ -26,6 +31,12 @@ from .dump import BadDump, Dump
 
 if TYPE_CHECKING:
     import torch
+
+log = logging.getLogger("eagle3d")
+
+# Larger samples are written buffered: a direct write's gathering buffer stays allocated per
+# commit thread, and per-sample overheads matter less at that size.
+DIRECT_MAX = 256 << 20
 
 
 class CommitError(OSError):
@@ -176,8 +187,12 @@ def _own(t: torch.Tensor) -> torch.Tensor:
 class Committer:
     """Writes samples under ``output``; thread-safe (several commit threads share one)."""
 
-    def __init__(self, output: str) -> None:
+    def __init__(self, output: str, direct: bool = True) -> None:
         self.output = output
+        # Samples are written with O_DIRECT where the filesystem allows it (see
+        # ckpt.write_direct); the first refusal switches to buffered writes for good.
+        self.direct = direct
+        self._local = threading.local()
         self._dirs: set[str] = set()
         self._lock = threading.Lock()
         self._n = itertools.count()
@@ -240,19 +255,38 @@ class Committer:
         """Write several samples, each atomically and durably; one result per sample, in
         order (a CommitError for each that failed, the others stand).
 
-        Each sample's temp file is written and fdatasync'ed, then all are renamed, then each
-        row directory is fsync'ed once for all its renames: a batch of samples costs one
-        directory sync instead of one each. A sample is committed only once its directory
+        The samples' temp files are all written, then each is fdatasync'ed (with direct
+        I/O the first sync's filesystem journal commit covers the other files' block
+        allocations too), then all are renamed, then each row directory is fsync'ed once
+        for all its renames: a batch costs one directory sync instead of one per sample. A sample is committed only once its directory
         sync returned; until then a crash may keep or lose it, and either is consistent
         (the journal has no record of it yet, so it is redone).
         """
         out: list[Committed | CommitError | None] = [None] * len(samples)
+        written: list[tuple[int, int, str, str, str, str, int, str]] = []
+        try:
+            for k, (idx, input_ids, loss_mask, dump) in enumerate(samples):
+                try:
+                    written.append((k, *self._write_temp(idx, input_ids, loss_mask, dump)))
+                except CommitError as e:
+                    out[k] = e
+        except BaseException:  # a bug: leave no descriptor or temp file behind
+            for _, fd, tmp, *_rest in written:
+                os.close(fd)
+                _unlink_quietly(tmp)
+            raise
         staged: list[tuple[int, str, str, str, str, int, str]] = []
-        for k, (idx, input_ids, loss_mask, dump) in enumerate(samples):
+        for k, fd, tmp, full_dir, name, rel, size, checksum in written:
             try:
-                staged.append((k, *self._write_temp(idx, input_ids, loss_mask, dump)))
-            except CommitError as e:
-                out[k] = e
+                os.fdatasync(fd)
+            except OSError as e:
+                _unlink_quietly(tmp)
+                out[k] = _error(samples[k][0], e)
+                continue
+            finally:
+                os.close(fd)
+            faults.kill_point("after_tmp_write")
+            staged.append((k, tmp, full_dir, name, rel, size, checksum))
         by_dir: dict[str, list[int]] = {}
         for k, tmp, full_dir, name, rel, size, checksum in staged:
             idx = samples[k][0]
@@ -275,10 +309,11 @@ class Committer:
 
     def _write_temp(
         self, idx: int, input_ids: list[int], loss_mask: list[int], dump: Dump
-    ) -> tuple[str, str, str, str, int, str]:
-        """Write and fdatasync sample ``idx`` under a temp name in its row directory.
+    ) -> tuple[int, str, str, str, str, int, str]:
+        """Write sample ``idx`` under a temp name in its row directory; the caller
+        fdatasyncs and closes the descriptor.
 
-        Returns (temp path, directory, final name, relpath, size, checksum)."""
+        Returns (descriptor, temp path, directory, final name, relpath, size, checksum)."""
         import torch
 
         rel = sample_relpath(idx)
@@ -292,26 +327,62 @@ class Committer:
                 "aux_hidden_state": dump.aux_hidden_state.contiguous().unsqueeze(0),
             }
             tmp = os.path.join(full_dir, f".{name}{TMP_MARK}{os.getpid()}-{next(self._n)}")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            fits = ckpt.fits(payload)
+            direct = self.direct and fits and _nbytes(payload) <= DIRECT_MAX
+            fd = self._open_temp(tmp, direct)
             try:
-                if ckpt.fits(payload):
-                    written = ckpt.write(fd, payload)
+                if fits:
+                    written = self._write_archive(fd, payload, direct)
                     size, checksum = written.nbytes, f"crc32:{written.crc:08x}"
                 else:  # 4 GiB and up: torch's own zip64 writer
                     payload = {k: _own(t) for k, t in payload.items()}
                     w = ChecksumWriter(fd)
                     _save(torch, payload, w)
                     size, checksum = w.size, w.checksum
-                os.fdatasync(fd)
             except BaseException:
                 os.close(fd)
                 _unlink_quietly(tmp)
                 raise
-            os.close(fd)
         except OSError as e:
             raise _error(idx, e) from e
-        faults.kill_point("after_tmp_write")
-        return tmp, full_dir, name, rel, size, checksum
+        return fd, tmp, full_dir, name, rel, size, checksum
+
+    def _open_temp(self, tmp: str, direct: bool) -> int:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+        if direct:
+            try:
+                return os.open(tmp, flags | os.O_DIRECT, 0o644)
+            except OSError as e:
+                if e.errno != errno.EINVAL:
+                    raise
+                self._no_direct(f"open: {e}")  # this filesystem has no direct I/O (tmpfs)
+        return os.open(tmp, flags, 0o644)
+
+    def _write_archive(self, fd: int, payload: dict[str, Any], direct: bool) -> ckpt.Written:
+        if direct:
+            buf = getattr(self._local, "buf", None)
+            if buf is None:
+                buf = self._local.buf = ckpt.DirectBuffer()
+            try:
+                return ckpt.write(fd, payload, direct=buf)
+            except OSError as e:
+                if e.errno != errno.EINVAL:
+                    raise
+                self._no_direct(f"write: {e}")
+                # The same file, buffered from the start.
+                fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+                os.ftruncate(fd, 0)
+                os.lseek(fd, 0, os.SEEK_SET)
+        return ckpt.write(fd, payload)
+
+    def _no_direct(self, why: str) -> None:
+        if self.direct:
+            self.direct = False
+            log.info("direct I/O refused under %s (%s): buffered writes", self.output, why)
+
+
+def _nbytes(payload: dict[str, Any]) -> int:
+    return sum(t.numel() * t.element_size() for t in payload.values())
 
 
 def _error(idx: int, e: OSError) -> CommitError:
