@@ -119,7 +119,7 @@ def test_a_filesystem_refusing_direct_io_at_open_gets_buffered_writes(
 
     def no_direct(path: str, flags: int, mode: int = 0o777) -> int:
         if flags & os.O_DIRECT:
-            raise OSError(22, "Invalid argument")  # tmpfs before Linux 6.6, for one
+            raise OSError(22, "Invalid argument")  # as an older kernel's tmpfs does
         return real(path, flags, mode)
 
     monkeypatch.setattr(os, "open", no_direct)

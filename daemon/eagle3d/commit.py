@@ -355,7 +355,7 @@ class Committer:
             except OSError as e:
                 if e.errno != errno.EINVAL:
                     raise
-                self._no_direct(f"open: {e}")  # this filesystem has no direct I/O (tmpfs)
+                self._no_direct(f"open: {e}")  # no direct I/O here (an older kernel's tmpfs)
         return os.open(tmp, flags, 0o644)
 
     def _write_archive(self, fd: int, payload: dict[str, Any], direct: bool) -> ckpt.Written:
