@@ -7,7 +7,7 @@ import threading
 import time
 
 import pytest
-from eagle3d.handoff import Handoff
+from eagle3d.handoff import Coalesced, Handoff
 
 
 def _feed(h: Handoff[int], n: int, stop: threading.Event, sent: list[bool]) -> None:
@@ -92,3 +92,41 @@ def test_capacity_must_be_positive() -> None:
             Handoff(loop, 0)
     finally:
         loop.close()
+
+
+def test_coalesced_delivers_every_item_once_in_order_in_bursts() -> None:
+    async def main() -> list[list[tuple[int, int]]]:
+        loop = asyncio.get_running_loop()
+        deliveries: list[list[tuple[int, int]]] = []
+        c: Coalesced[tuple[int, int]] = Coalesced(loop, deliveries.append)
+        lock = threading.Lock()  # puts in one global order, from four threads
+
+        def put(k: int) -> None:
+            for i in range(500):
+                with lock:
+                    c.put((k, i))
+
+        threads = [threading.Thread(target=put, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()  # blocking the loop: every put happens while it cannot deliver
+        await asyncio.sleep(0)
+        return deliveries
+
+    deliveries = asyncio.run(main())
+    items = [x for d in deliveries for x in d]
+    assert sorted(items) == sorted((k, i) for k in range(4) for i in range(500))
+    for k in range(4):  # each thread's items in the order it put them
+        assert [i for kk, i in items if kk == k] == list(range(500))
+    assert len(deliveries) == 1  # the whole burst took one wakeup of the loop
+
+
+def test_coalesced_put_after_the_loop_closed_is_a_no_op() -> None:
+    loop = asyncio.new_event_loop()
+    got: list[list[int]] = []
+    c: Coalesced[int] = Coalesced(loop, got.append)
+    loop.close()
+    c.put(1)  # no exception: nobody is left to deliver to
+    c.put(2)
+    assert got == []

@@ -35,7 +35,7 @@ from . import config, faults, job
 from .cli import EXIT_CODES
 from .commit import CommitError, Committer, validate
 from .dump import BadDump, Dump, read_dump, rid_of
-from .handoff import Handoff
+from .handoff import Coalesced, Handoff
 from .preflight import (
     EXIT_CONFIG,
     EXIT_INTERNAL,
@@ -109,9 +109,7 @@ class Daemon:
         self.commit_busy = 0  # batches running on commit threads
         self.commits_closed = False
         self.commit_threads = 1
-        self._pub_lock = threading.Lock()
-        self._pub_queue: list[ev.Event] = []
-        self._pub_scheduled = False
+        self._pub: Coalesced[ev.Event] | None = None  # made with the loop, in run()
         self.unrecorded: list[Any] = []  # bad lines whose sample_failed the journal refused
         self.orphans = 0
         self.paused = ""
@@ -139,6 +137,7 @@ class Daemon:
 
     async def run(self) -> int:
         self.loop = asyncio.get_running_loop()
+        self._pub = Coalesced(self.loop, self._drain_published)
         self._setup_notify()
         # Handlers first: a SIGTERM during the journal replay or the model load must still
         # end in a clean stop rather than Python's default of dying on the spot.
@@ -818,29 +817,16 @@ class Daemon:
             return False
 
     def _published_threadsafe(self, e: ev.Event) -> None:
-        """The journal's listener (any thread): queue ``e`` for the loop, in seq order.
+        """The journal's listener (any thread): pass ``e`` to the loop, in seq order.
 
         Records are published in bursts (a commit batch, a flush of chatty records); the
         loop is woken once per burst, not once per record.
         """
-        loop = getattr(self, "loop", None)
-        if loop is None or loop.is_closed():
-            return
-        with self._pub_lock:
-            self._pub_queue.append(e)
-            if self._pub_scheduled:
-                return
-            self._pub_scheduled = True
-        try:
-            loop.call_soon_threadsafe(self._drain_published)
-        except RuntimeError:  # the loop closed meanwhile
-            with self._pub_lock:
-                self._pub_scheduled = False
+        pub = self._pub
+        if pub is not None:
+            pub.put(e)
 
-    def _drain_published(self) -> None:
-        with self._pub_lock:
-            events, self._pub_queue = self._pub_queue, []
-            self._pub_scheduled = False
+    def _drain_published(self, events: list[ev.Event]) -> None:
         for e in events:
             self._published(e)
 

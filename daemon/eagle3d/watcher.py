@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import threading
 from collections.abc import Callable
 
 from watchdog.events import (
@@ -22,6 +21,7 @@ from watchdog.events import (
 from watchdog.observers import Observer
 
 from .dump import rid_of
+from .handoff import Coalesced
 
 
 class _Handler(FileSystemEventHandler):
@@ -52,26 +52,15 @@ class DumpWatcher:
         self.on_dump = on_dump
         self._observer = Observer()
         self._ino = 0
-        self._lock = threading.Lock()
-        self._arrived: list[str] = []
-        self._scheduled = False
+        self._arrived: Coalesced[str] = Coalesced(loop, self._drain)
 
     def _notify(self, path: str) -> None:
-        """Watchdog's thread: queue ``path`` for the loop. A producer's batch of dumps lands
-        at once; the loop is woken once for whatever arrived meanwhile, not once per dump."""
-        if rid_of(path) is None or os.path.dirname(path) != self.dump_dir:
-            return
-        with self._lock:
-            self._arrived.append(path)
-            if self._scheduled:
-                return
-            self._scheduled = True
-        self.loop.call_soon_threadsafe(self._drain)
+        """Watchdog's thread: pass ``path`` to the loop. A producer's batch of dumps lands at
+        once; the loop is woken once for whatever arrived meanwhile, not once per dump."""
+        if rid_of(path) is not None and os.path.dirname(path) == self.dump_dir:
+            self._arrived.put(path)
 
-    def _drain(self) -> None:
-        with self._lock:
-            paths, self._arrived = self._arrived, []
-            self._scheduled = False
+    def _drain(self, paths: list[str]) -> None:
         for path in paths:
             self.on_dump(path)
 
