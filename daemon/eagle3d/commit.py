@@ -255,12 +255,11 @@ class Committer:
         """Write several samples, each atomically and durably; one result per sample, in
         order (a CommitError for each that failed, the others stand).
 
-        The samples' temp files are all written, then each is fdatasync'ed (with direct
-        I/O the first sync's filesystem journal commit covers the other files' block
-        allocations too), then all are renamed, then each row directory is fsync'ed once
-        for all its renames: a batch costs one directory sync instead of one per sample. A sample is committed only once its directory
-        sync returned; until then a crash may keep or lose it, and either is consistent
-        (the journal has no record of it yet, so it is redone).
+        The samples' temp files are all written, then each is fdatasync'ed, then all are
+        renamed, then each row directory is fsync'ed once for all its renames: a batch
+        costs one directory sync instead of one per sample. A sample is committed only once
+        its directory sync returned; until then a crash may keep or lose it, and either is
+        consistent (the journal has no record of it yet, so it is redone).
         """
         out: list[Committed | CommitError | None] = [None] * len(samples)
         written: list[tuple[int, int, str, str, str, str, int, str]] = []
