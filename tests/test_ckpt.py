@@ -132,3 +132,13 @@ def test_committer_uses_torch_save_beyond_the_limit(
         assert torch.equal(got["aux_hidden_state"][0], dump.aux_hidden_state)
         assert got["input_ids"].tolist() == ids and got["loss_mask"].tolist() == mask
     assert small.nbytes != big.nbytes  # really two writers (torch's adds zip64 records)
+
+
+def test_direct_buffer_grows_while_an_old_view_is_still_held() -> None:
+    buf = ckpt.DirectBuffer()
+    old = buf.view(10)
+    assert len(old) == ckpt.BLOCK and buf.size == 1 << 20
+    new = buf.view((1 << 20) + 1)  # must not fail on the view still held above
+    assert len(new) == (1 << 20) + ckpt.BLOCK
+    old[0] = 7  # the old mapping stays valid for whoever still holds it
+    assert old[0] == 7

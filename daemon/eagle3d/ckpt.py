@@ -241,8 +241,8 @@ class DirectBuffer:
         """At least ``nbytes``, rounded up to whole blocks."""
         need = -(-nbytes // BLOCK) * BLOCK
         if need > self.size:
-            if self._mm is not None:
-                self._mm.close()
+            # The old mapping is dropped, not closed: a view of it still alive (in a
+            # traceback, say) would make close() raise, and it is unmapped once unused.
             self.size = max(need, 1 << 20)
             self._mm = mmap.mmap(-1, self.size)  # anonymous mappings are page-aligned
         assert self._mm is not None
