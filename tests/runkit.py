@@ -158,6 +158,17 @@ def assert_complete(out: Path, valid: set[int], malformed: set[int]) -> Any:
     return c
 
 
+def exit_code(proc: subprocess.Popen[bytes], timeout: float, log: Path) -> int:
+    """``proc``'s exit status; a daemon still running after ``timeout`` seconds fails the test
+    with the end of its log (a bare ``TimeoutExpired`` says nothing of where it stood)."""
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(
+            f"still running after {timeout} s; its log ends:\n{log.read_text()[-4000:]}"
+        ) from None
+
+
 def wait_for(pred: Any, timeout: float, what: str, step: float = 0.1) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -204,6 +204,26 @@ def test_dump_area_removed_mid_run(slow_model_dir: Path, tmp_path: Path) -> None
         # 'Directory not empty' race, seen once in CI).
         os.rename(f"{out}.dumps", tmp_path / "removed")
         shutil.rmtree(tmp_path / "removed", ignore_errors=True)
-        assert proc.wait(timeout=180) == 0, log.read_text()[-3000:]
+        assert runkit.exit_code(proc, 180, log) == 0, log.read_text()[-3000:]
     runkit.assert_complete(out, valid, malformed)
     assert "was removed or replaced: watching it again" in log.read_text()
+
+
+def test_a_dump_that_vanishes_before_it_is_read_is_resent(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """A dump whose arrival is seen but which is gone when the daemon looks (the dump area
+    cleaned between the worker's rename and the daemon's read) is resent at once, not after
+    the request timeout. CI once waited out the 600 s timeout on the removed-area test."""
+    data, out = tmp_path / "data.jsonl", tmp_path / "out"
+    valid, malformed = runkit.dataset(data, 15)
+    log = tmp_path / "log"
+    proc = runkit.start(
+        tiny_model_dir, data, out, log=log, fault=f"bad_dump:vanish:3@{tmp_path / 'fired'}"
+    )
+    with runkit.reaped(proc):
+        assert runkit.exit_code(proc, 150, log) == 0, log.read_text()[-3000:]
+    (lost,) = _failures(out, "DumpLost")
+    assert lost["error"] == "DumpLost" and lost.get("retry") is True, lost
+    assert "vanished before it was read" in str(lost["message"])
+    runkit.assert_complete(out, valid, malformed)  # the resent request saved it

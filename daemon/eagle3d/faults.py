@@ -10,7 +10,8 @@ process, does not fire again):
 * ``worker_hang:<n>`` / ``worker_exit:<n>`` - the HF worker hangs / dies after n batches.
 * ``worker_slow:<ms>`` - the HF worker rests ``ms`` milliseconds after every batch (a slow
   producer, so that a test can act while a run is surely still in progress).
-* ``bad_dump:<ids|shape|nan|truncate>:<n>`` - the HF worker corrupts its n-th dump.
+* ``bad_dump:<ids|shape|nan|truncate|vanish>:<n>`` - the HF worker corrupts its n-th dump
+  (``vanish``: deletes it right after writing it, as a cleanup of the dump area would).
 
 With the variable unset every check is a dictionary lookup that returns False.
 """
@@ -28,6 +29,8 @@ KILL_POINTS = (
     "after_append_before_sync",
     "mid_frame",
 )
+
+BAD_DUMPS = ("ids", "shape", "nan", "truncate", "vanish")
 
 
 @dataclass(slots=True)
@@ -54,8 +57,8 @@ def parse(text: str) -> dict[str, Fault]:
         elif name in ("worker_hang", "worker_exit", "worker_slow"):
             out[name] = Fault(name, "", int(parts[1]) if len(parts) > 1 else 1, marker)
         elif name == "bad_dump":
-            if len(parts) < 2 or parts[1] not in ("ids", "shape", "nan", "truncate"):
-                raise ValueError(f"EAGLE3D_FAULT: bad_dump needs ids|shape|nan|truncate: {spec!r}")
+            if len(parts) < 2 or parts[1] not in BAD_DUMPS:
+                raise ValueError(f"EAGLE3D_FAULT: bad_dump needs {'|'.join(BAD_DUMPS)}: {spec!r}")
             out[name] = Fault(name, parts[1], int(parts[2]) if len(parts) > 2 else 1, marker)
         else:
             raise ValueError(f"EAGLE3D_FAULT: unknown fault {spec!r}")

@@ -482,6 +482,12 @@ class Daemon:
         try:
             size = os.path.getsize(path)
         except FileNotFoundError:
+            # Its dump was complete (only a final name is reported) and is gone before the
+            # daemon read it: the dump area was removed or cleaned under the run. Nothing
+            # will bring it back, so resend now; waiting would cost the request timeout.
+            self._fail_attempt(
+                p, "DumpLost", f"{os.path.basename(path)} vanished before it was read"
+            )
             return
         p.stage = DUMPED
         self.wake.set()  # a slot at the producer is free

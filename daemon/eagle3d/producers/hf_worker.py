@@ -261,6 +261,8 @@ class Worker:
                 continue
             if fault is not None and fault.arg == "truncate":
                 os.truncate(path, os.path.getsize(path) // 2)
+            elif fault is not None and fault.arg == "vanish":
+                os.unlink(path)
 
     def _write(self, dump: Any, rid: str, ids: Any, aux: Any, hid: Any) -> str:
         try:
