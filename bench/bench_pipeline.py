@@ -180,11 +180,14 @@ def torch_threads() -> int:
 
 
 def load_for_bare(model: Path, device: str = "cpu", dtype: str = "float32") -> tuple[Any, Any]:
-    """The model and the worker's capture hooks, as a worker loads them."""
+    """The model and the worker's capture hooks, as a worker loads them (its malloc
+    settings included)."""
     import torch
     from eagle3d.config import default_aux_layers
-    from eagle3d.producers.hf_worker import Capture
+    from eagle3d.producers.hf_worker import Capture, tune_malloc
     from transformers import AutoModelForCausalLM
+
+    tune_malloc()
 
     m = AutoModelForCausalLM.from_pretrained(str(model), dtype=getattr(torch, dtype))
     m = m.eval().to(device)

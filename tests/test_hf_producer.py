@@ -200,7 +200,10 @@ def test_a_default_cpu_run_starts_the_automatic_layout(
     ups: list[Any] = [rec for rec in runkit.records(out, "producer") if rec["state"] == "up"]
     plural = "s" if threads > 1 else ""
     # The thread count in the message is what each worker's torch reported, not the request.
-    assert ups and ups[0]["message"] == f"{workers} worker(s) on cpu, {threads} thread{plural} each"
+    assert ups and ups[0]["message"] == (
+        f"{workers} worker(s) on cpu, {threads} thread{plural} each; "
+        "malloc: mmap threshold 32 MiB, trim threshold 1 GiB"
+    )
     health = [rec["producer"] for rec in runkit.records(out, "stats") if rec.get("producer")]
     assert health and health[-1]["detail"]["workers"] == workers
 

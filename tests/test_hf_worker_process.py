@@ -1,4 +1,4 @@
-"""The HF worker as a process: how it ends.
+"""The HF worker as a process: how it ends, and the malloc settings it starts with.
 
 A worker stopped mid-run finishes what it started and exits 0 with a silent stderr; a worker
 whose daemon disappeared (kill -9) exits at its next report with one line, not a traceback.
@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import pytest
 from eagle3proto.codec import encode_frame
 from eagle3proto.wire import FrameBuffer
 
@@ -23,9 +24,10 @@ _enc = msgspec.msgpack.Encoder()
 _dec = msgspec.msgpack.Decoder(dict[str, Any])
 
 
-def _spawn(model: Path, dumps: Path, fault: str = "") -> subprocess.Popen[bytes]:
+def _spawn(model: Path, dumps: Path, fault: str = "", **extra: str) -> subprocess.Popen[bytes]:
     dumps.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "EAGLE3D_FAULT"}
+    env.update(extra)
     if fault:
         env["EAGLE3D_FAULT"] = fault
     return subprocess.Popen(
@@ -67,6 +69,26 @@ def _ready(
     msgs = _messages(proc)
     assert next(msgs)["op"] == "ready"
     return proc, msgs
+
+
+def test_the_worker_keeps_freed_activations_mapped_unless_the_operator_chose(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """glibc's mallopt applied in the worker (the benchmark measures what it saves), and an
+    operator's own MALLOC_* setting left alone."""
+    for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"):
+        monkeypatch.delenv(k, raising=False)  # the test's own environment must not decide
+    cases: list[tuple[str, dict[str, str], str]] = [
+        ("tuned", {}, "mmap threshold 32 MiB, trim threshold 1 GiB"),
+        ("operator", {"MALLOC_TRIM_THRESHOLD_": "131072"}, "MALLOC_* set by the operator"),
+    ]
+    for name, extra, want in cases:
+        proc = _spawn(tiny_model_dir, tmp_path / name, **extra)
+        ready = next(_messages(proc))
+        assert proc.stdin is not None
+        proc.stdin.close()
+        assert ready["op"] == "ready" and ready["malloc"] == want, ready
+        assert _ended(proc)[0] == 0
 
 
 def test_stop_mid_run_finishes_the_batch_and_exits_quietly(

@@ -196,7 +196,12 @@ class HFProducer(Producer):
         # As the workers report it (torch.get_num_threads()), not as asked.
         told = sorted({int(w.info.get("threads", 0)) for w in self._workers if w is not None})
         each = f"{'/'.join(map(str, told))} thread{'s' if told[-1:] != [1] else ''} each"
-        events.producer_state("up", f"{self.n_workers} worker(s) on {', '.join(devices)}, {each}")
+        malloc = sorted({str(w.info.get("malloc", "")) for w in self._workers if w is not None})
+        events.producer_state(
+            "up",
+            f"{self.n_workers} worker(s) on {', '.join(devices)}, {each}; "
+            f"malloc: {'/'.join(malloc)}",
+        )
 
     async def _spawn(self, slot: int) -> _Worker:
         cmd = [
