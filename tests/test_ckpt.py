@@ -39,6 +39,21 @@ def test_data_pkl_is_byte_for_byte_torch_saves(t: int, dtype: torch.dtype) -> No
     assert ckpt.data_pkl(sample) == theirs
 
 
+def test_data_pkl_cached_by_shape_keeps_each_tensors_own_strides() -> None:
+    """The record is cached by names, dtypes, shapes and strides. A size-1 dimension may
+    have any stride in a contiguous tensor and torch.save records the one it has, so two
+    such tensors of one shape must not share a cached record."""
+    plain = {"x": torch.zeros(3, 1)}
+    strided = {"x": torch.zeros(1, 3).t()}  # shape (3, 1), stride (1, 3): contiguous too
+    assert strided["x"].is_contiguous() and strided["x"].stride() != plain["x"].stride()
+    for sample in (plain, strided, plain, strided):  # the second time from the cache
+        buf = io.BytesIO()
+        torch.save(sample, buf)
+        theirs = zipfile.ZipFile(io.BytesIO(buf.getvalue())).read("archive/data.pkl")
+        assert ckpt.data_pkl(sample) == theirs
+    assert ckpt._data_pkl.cache_info().hits >= 2
+
+
 def _write(path: Path, sample: dict[str, torch.Tensor]) -> ckpt.Written:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:

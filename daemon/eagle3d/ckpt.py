@@ -26,6 +26,7 @@ from __future__ import annotations
 import errno
 import functools
 import io
+import math
 import mmap
 import os
 import pickle
@@ -44,6 +45,7 @@ _LIMIT = 0xFFFFFFFF - (1 << 20)  # zip32 offsets and sizes, less room for header
 _LOCAL = struct.Struct("<IHHHHHIIIHH")
 _CENTRAL = struct.Struct("<IHHHHHHIIIHHHHHII")
 _END = struct.Struct("<IHHHHIIH")
+_COMBINE_MIN = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,13 +100,22 @@ def _storage_classes() -> dict[Any, str]:
 
 def data_pkl(tensors: dict[str, torch.Tensor]) -> bytes:
     """The ``data.pkl`` record ``torch.save`` writes for a dict of contiguous CPU tensors."""
+    return _data_pkl(
+        tuple((name, t.dtype, tuple(t.shape), t.stride()) for name, t in tensors.items())
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def _data_pkl(spec: tuple[tuple[str, Any, tuple[int, ...], tuple[int, ...]], ...]) -> bytes:
+    # Cached: the record depends only on names, dtypes, shapes and strides, and a job's
+    # samples repeat their lengths. Pickling it was a fifth of building an archive.
     import torch
 
     names = _storage_classes()
     objs = {}
-    for key, (name, t) in enumerate(tensors.items()):
-        cls = getattr(torch, names[t.dtype])
-        objs[name] = _Tensor(_Storage(cls, str(key), t.numel()), tuple(t.shape), t.stride())
+    for key, (name, dtype, shape, stride) in enumerate(spec):
+        cls = getattr(torch, names[dtype])
+        objs[name] = _Tensor(_Storage(cls, str(key), math.prod(shape)), shape, stride)
     buf = io.BytesIO()
     _Pickler(buf, protocol=2).dump(objs)
     return buf.getvalue()
@@ -162,7 +173,8 @@ class _Archive:
 
     def _emit(self, data: Any, crc: int | None = None) -> None:
         n = len(data)
-        combine = _crc32_combine() if crc is not None else None
+        # Combining costs a ctypes call; a short record is cheaper to checksum again.
+        combine = _crc32_combine() if crc is not None and n >= _COMBINE_MIN else None
         if combine is None:
             self.crc = crc32(data, self.crc)
         else:
