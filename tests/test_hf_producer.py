@@ -14,9 +14,8 @@ from typing import Any
 
 import psutil
 import runkit
-from eagle3d.producers.base import Request
+from eagle3d.producers.base import DUMP_GRACE_S, Request
 from eagle3d.producers.hf import (
-    DUMP_GRACE_S,
     HFProducer,
     _Worker,
     model_weight_bytes,
@@ -171,7 +170,7 @@ def test_a_written_dump_the_daemon_never_saw_is_retried_after_the_grace() -> Non
     p.dump_arrived("early")  # seen before its batch's "written" (the usual order)
     p._on_message(w, {"op": "written", "rids": ["early", "seen", "lost"]})
     p.dump_arrived("seen")  # seen after it
-    assert list(p._awaiting) == ["lost"] and not p._arrived
+    assert p._grace.awaiting == ["lost"] and not p._grace.arrived_early
     t = time.monotonic()
     p._missing_dumps(t + DUMP_GRACE_S / 2)
     assert events.failed == []  # within the grace: nothing yet

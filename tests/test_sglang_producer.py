@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from eagle3d.producers.base import Request
+from eagle3d.producers.base import DUMP_GRACE_S, Request
 from eagle3d.producers.sglang import ServerUnfit, SGLangProducer, parse_metrics, rate
 from eagle3d.sglang_hook import FACTORY, hook_spec, parse_sglang_rid
 
@@ -181,6 +182,44 @@ async def test_read_timeout_is_a_retryable_failure(tmp_path: Path) -> None:
     p.submit(req())
     await settle(p)
     assert ev.failed == [("s1-a1", "Timeout", True)] and ev.states == ["up"]
+    await p.stop()
+
+
+async def test_an_answered_request_whose_dump_never_arrives_is_retried_after_the_grace(
+    tmp_path: Path,
+) -> None:
+    """The hook writes dumps on a background thread: a write that fails there, or a cleanup
+    of the dump area, loses the dump while /generate answers 200. Without the grace the
+    sample waited for the request timeout (600 s by default)."""
+    p, ev = await started(Server(str(tmp_path)), str(tmp_path))
+    for rid in ("lost", "seen-before", "seen-after"):
+        p.submit(req(rid))
+    p.dump_arrived("seen-before")  # the writer thread can beat the HTTP answer
+    await settle(p)
+    p.dump_arrived("seen-after")
+    now = time.monotonic()
+    p.missing_dumps(now + DUMP_GRACE_S / 2)
+    assert ev.failed == []
+    p.missing_dumps(now + DUMP_GRACE_S + 1)
+    assert ev.failed == [("lost", "DumpMissing", True)]
+    p.missing_dumps(now + 3 * DUMP_GRACE_S)
+    assert len(ev.failed) == 1
+    await p.stop()
+
+
+async def test_a_failed_or_cancelled_request_owes_no_dump(tmp_path: Path) -> None:
+    def gen(r: httpx.Request) -> httpx.Response:
+        if json.loads(r.content)["rid"].endswith(".bad"):
+            return httpx.Response(500, json={"error": {"message": "boom"}})
+        return ok(r)
+
+    p, ev = await started(Server(str(tmp_path), generate=gen), str(tmp_path))
+    p.submit(req("bad"))
+    p.submit(req("cancelled"))
+    await settle(p)
+    p.cancel("cancelled")  # the daemon's own timeout, after the answer
+    p.missing_dumps(time.monotonic() + 2 * DUMP_GRACE_S)
+    assert ev.failed == [("bad", "HTTP500", True)]
     await p.stop()
 
 

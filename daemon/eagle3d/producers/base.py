@@ -31,6 +31,64 @@ class Request:
     extra: dict[str, object] = field(default_factory=dict)
 
 
+# How long after a producer says a request's dump is written it may take to be seen by the
+# daemon (inotify, else its 5 s scan of the dump area).
+DUMP_GRACE_S = 20.0
+
+
+class DumpGrace:
+    """Requests whose dump the producer says is written and the daemon has not seen.
+
+    Either word may come first: a dump usually lands before the producer's report of it. A
+    request reported written whose dump is still unseen ``grace`` seconds later is
+    :meth:`late`: its dump was lost (the dump area removed or cleaned under the job, a
+    server hook whose write failed), and it is retried then rather than at the request
+    timeout (600 s by default). The producer's word only starts this clock; a dump that
+    comes after all is an orphan. Time is an argument (monotonic seconds).
+    """
+
+    def __init__(self, grace: float = DUMP_GRACE_S) -> None:
+        self.grace = grace
+        self._awaiting: dict[str, float] = {}  # rid -> when reported written, not yet seen
+        self._arrived: dict[str, float] = {}  # rid -> when seen, not yet reported written
+
+    def written(self, rid: str, now: float) -> None:
+        """The producer says ``rid``'s dump is in the dump area."""
+        if self._arrived.pop(rid, None) is None:
+            self._awaiting[rid] = now
+
+    def arrived(self, rid: str, now: float) -> None:
+        """The daemon saw ``rid``'s dump."""
+        if self._awaiting.pop(rid, None) is None:
+            self._arrived[rid] = now
+
+    def forget(self, rid: str) -> None:
+        """``rid`` failed or was cancelled: nothing is owed for it."""
+        self._awaiting.pop(rid, None)
+        self._arrived.pop(rid, None)
+
+    def late(self, now: float) -> list[str]:
+        """Requests overdue at ``now``, each returned once. Seen dumps never reported
+        written (their producer failed first) are forgotten after the same grace."""
+        for rid in [r for r, t in self._arrived.items() if now - t > self.grace]:
+            del self._arrived[rid]
+        late = [rid for rid, t in self._awaiting.items() if now - t > self.grace]
+        for rid in late:
+            del self._awaiting[rid]
+        return late
+
+    @property
+    def awaiting(self) -> list[str]:
+        return list(self._awaiting)
+
+    @property
+    def arrived_early(self) -> list[str]:
+        return list(self._arrived)
+
+    def missing_message(self) -> str:
+        return f"the producer wrote its dump {self.grace:.0f} s ago and none arrived"
+
+
 class ProducerEvents(Protocol):
     """Callbacks a producer uses to tell the daemon what the dump area cannot show.
 

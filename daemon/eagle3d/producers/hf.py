@@ -26,15 +26,10 @@ from eagle3proto.codec import encode_frame
 from eagle3proto.events import ProducerHealth
 from eagle3proto.wire import FrameBuffer
 
-from .base import Producer, ProducerEvents, Request
+from .base import DumpGrace, Producer, ProducerEvents, Request
 
 _enc = msgspec.msgpack.Encoder()
 _dec = msgspec.msgpack.Decoder(dict[str, Any])
-
-
-# How long after a worker says a batch's dumps are written they may take to be seen by the
-# daemon (inotify, else its 5 s scan of the dump area).
-DUMP_GRACE_S = 20.0
 
 
 class ProducerStartError(RuntimeError):
@@ -168,8 +163,7 @@ class HFProducer(Producer):
         self._rr = 0
         self._gpus = 0
         self._backlog: list[Request] = []  # submitted while no worker was up
-        self._awaiting: dict[str, float] = {}  # rid -> when its dump was written, not yet seen
-        self._arrived: dict[str, float] = {}  # rid -> when the daemon saw it, before "written"
+        self._grace = DumpGrace()  # dumps the workers wrote that the daemon has not seen
         self._requests: dict[str, Request] = {}  # at a worker: kept to move it elsewhere
         self._moved = 0  # requests handed from a busy worker to an idle one
         self._real = 0  # tokens computed for real, and with padding, over all batches
@@ -309,8 +303,7 @@ class HFProducer(Producer):
             # Usually the daemon has seen most of a batch's dumps before the batch's
             # "written" arrives (it is sent after the last one): only the rest is awaited.
             for rid in msg["rids"]:
-                if self._arrived.pop(rid, None) is None:
-                    self._awaiting[rid] = now
+                self._grace.written(rid, now)
         elif op == "fail" and self._events is not None:
             w.inflight.pop(msg["rid"], None)
             self._requests.pop(msg["rid"], None)
@@ -356,26 +349,15 @@ class HFProducer(Producer):
             victim.proc.stdin.write(encode_frame(_enc.encode({"op": "give", "rids": take})))
 
     def dump_arrived(self, rid: str) -> None:
-        if self._awaiting.pop(rid, None) is None:
-            self._arrived[rid] = time.monotonic()
+        self._grace.arrived(rid, time.monotonic())
 
     def _missing_dumps(self, now: float) -> None:
         """Requests whose dump the worker wrote long ago but the daemon never saw (removed
         with the dump area before it looked): retried now rather than at the request
-        timeout. The worker's word only starts this clock; a late dump is an orphan."""
-        # Seen dumps whose "written" never came (their worker died first) are forgotten.
-        for rid in [r for r, t in self._arrived.items() if now - t > DUMP_GRACE_S]:
-            del self._arrived[rid]
-        late = [rid for rid, t in self._awaiting.items() if now - t > DUMP_GRACE_S]
-        for rid in late:
-            del self._awaiting[rid]
+        timeout (see :class:`DumpGrace`)."""
+        for rid in self._grace.late(now):
             if self._events is not None:
-                self._events.request_failed(
-                    rid,
-                    "DumpMissing",
-                    f"the worker wrote its dump {DUMP_GRACE_S:.0f} s ago and none arrived",
-                    True,
-                )
+                self._events.request_failed(rid, "DumpMissing", self._grace.missing_message(), True)
 
     async def _watch(self, w: _Worker) -> None:
         """Restart the worker when it dies or hangs; its in-flight requests are resent."""
@@ -479,7 +461,7 @@ class HFProducer(Producer):
             w.proc.stdin.write(encode_frame(_enc.encode(msg)))
 
     def cancel(self, rid: str) -> None:
-        self._awaiting.pop(rid, None)
+        self._grace.forget(rid)
         self._requests.pop(rid, None)
         self._backlog = [r for r in self._backlog if r.rid != rid]
         for w in self._workers:

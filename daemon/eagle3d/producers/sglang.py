@@ -33,7 +33,7 @@ import httpx
 from eagle3proto.events import ProducerHealth
 
 from ..sglang_hook import FACTORY, sglang_rid
-from .base import Producer, ProducerEvents, Request
+from .base import DumpGrace, Producer, ProducerEvents, Request
 
 log = logging.getLogger("eagle3d.producers.sglang")
 
@@ -149,6 +149,7 @@ class SGLangProducer(Producer):
         self._last_progress = time.monotonic()
         self._info_path = "/server_info"
         self._went_down = False
+        self._grace = DumpGrace()  # answered requests whose dump has not been seen
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -203,6 +204,7 @@ class SGLangProducer(Producer):
         self.tasks[request.rid] = asyncio.create_task(self._run(request))
 
     def cancel(self, rid: str) -> None:
+        self._grace.forget(rid)
         t = self.tasks.pop(rid, None)
         if t is not None:
             t.cancel()
@@ -301,9 +303,22 @@ class SGLangProducer(Producer):
                 f"server ran {meta['prompt_tokens']} tokens, sent {len(req.input_ids)}",
                 False,
             )
-        # else: success; the dump is (or will shortly be) in the dump directory
+        else:
+            # Success: the hook's writer thread has the dump, or will have it shortly. A
+            # write that fails there loses that dump without failing the request, and so
+            # does a cleanup of the dump area: the grace retries those.
+            self._grace.written(req.rid, time.monotonic())
+
+    def dump_arrived(self, rid: str) -> None:
+        self._grace.arrived(rid, time.monotonic())
+
+    def missing_dumps(self, now: float) -> None:
+        """Answered requests whose dump never arrived: failed (retryable) after the grace."""
+        for rid in self._grace.late(now):
+            self._failed(rid, "DumpMissing", self._grace.missing_message(), True)
 
     def _failed(self, rid: str, error: str, message: str, retryable: bool) -> None:
+        self._grace.forget(rid)
         if self.events is not None:
             self.events.request_failed(rid, error, message, retryable)
 
@@ -352,6 +367,7 @@ class SGLangProducer(Producer):
         assert self.client is not None
         while True:
             await asyncio.sleep(self.poll_interval)
+            self.missing_dumps(time.monotonic())
             try:
                 await self.poll_once(time.monotonic())
             except (httpx.HTTPError, ValueError):
