@@ -85,9 +85,6 @@ class DumpGrace:
     def arrived_early(self) -> list[str]:
         return list(self._arrived)
 
-    def missing_message(self) -> str:
-        return f"the producer wrote its dump {self.grace:.0f} s ago and none arrived"
-
 
 class ProducerEvents(Protocol):
     """Callbacks a producer uses to tell the daemon what the dump area cannot show.

@@ -357,7 +357,8 @@ class HFProducer(Producer):
         timeout (see :class:`DumpGrace`)."""
         for rid in self._grace.late(now):
             if self._events is not None:
-                self._events.request_failed(rid, "DumpMissing", self._grace.missing_message(), True)
+                why = f"the worker wrote its dump {self._grace.grace:.0f} s ago and none arrived"
+                self._events.request_failed(rid, "DumpMissing", why, True)
 
     async def _watch(self, w: _Worker) -> None:
         """Restart the worker when it dies or hangs; its in-flight requests are resent."""

@@ -189,10 +189,11 @@ class Capture:
 
 class Worker:
     def __init__(self, args: argparse.Namespace, malloc: str = "") -> None:
-        self.malloc = malloc
         import torch
         from transformers import AutoModelForCausalLM
         from transformers.utils import logging as hf_logging
+
+        self.malloc = malloc  # what tune_malloc applied, for the ready message
 
         # A progress bar is noise in a service log (the journal keeps every redraw).
         hf_logging.disable_progress_bar()

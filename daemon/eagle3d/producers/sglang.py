@@ -315,7 +315,8 @@ class SGLangProducer(Producer):
     def missing_dumps(self, now: float) -> None:
         """Answered requests whose dump never arrived: failed (retryable) after the grace."""
         for rid in self._grace.late(now):
-            self._failed(rid, "DumpMissing", self._grace.missing_message(), True)
+            why = f"/generate answered {self._grace.grace:.0f} s ago and no dump arrived"
+            self._failed(rid, "DumpMissing", why, True)
 
     def _failed(self, rid: str, error: str, message: str, retryable: bool) -> None:
         self._grace.forget(rid)
