@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from eagle3d.dump import FORMAT, read_dump, write_dump
+from eagle3d.dump import FORMAT, BadDump, DumpVanished, read_dump, write_dump
 from safetensors import safe_open
 from safetensors.torch import load_file
 
@@ -55,3 +55,16 @@ def test_a_slice_of_a_batch_is_written_alone(tmp_path: Path) -> None:
     got = load_file(path)
     assert torch.equal(got["aux_hidden_state"], batch[1, :20, :6])
     assert torch.equal(got["hidden_state"], batch[1, :20])
+
+
+def test_a_dump_gone_before_it_is_read_is_told_from_a_bad_one(tmp_path: Path) -> None:
+    """A missing file is a DumpVanished (the daemon resends it as DumpLost); a cut one is a
+    plain BadDump."""
+    with pytest.raises(DumpVanished, match=r"gone\.e3dump vanished before it was read"):
+        read_dump(str(tmp_path / "gone.e3dump"))
+    path = Path(write_dump(str(tmp_path), "cut", torch.arange(4), torch.zeros(4, 6),
+                           torch.zeros(4, 2), [1, 2, 3]))  # fmt: skip
+    path.write_bytes(path.read_bytes()[:-5])
+    with pytest.raises(BadDump) as e:
+        read_dump(str(path))
+    assert not isinstance(e.value, DumpVanished)

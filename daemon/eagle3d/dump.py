@@ -132,6 +132,15 @@ class BadDump(ValueError):
     """A dump that cannot be used; the message names what is wrong."""
 
 
+class DumpVanished(BadDump):
+    """The dump was complete (it had its final name) and is gone: the dump area was removed
+    or cleaned under the job. Nothing is wrong with what the producer computed."""
+
+
+def vanished(path: str) -> DumpVanished:
+    return DumpVanished(f"{os.path.basename(path)} vanished before it was read")
+
+
 def read_dump(path: str) -> Dump:
     """Load a dump (memory-mapped). Raises BadDump for anything malformed or truncated."""
     from safetensors import safe_open
@@ -149,6 +158,8 @@ def read_dump(path: str) -> Dump:
             hid = f.get_tensor("hidden_state")
     except BadDump:
         raise
+    except FileNotFoundError as e:
+        raise vanished(path) from e
     except Exception as e:  # safetensors raises several types for truncated/garbled files
         raise BadDump(f"{os.path.basename(path)}: unreadable dump ({type(e).__name__}: {e})") from e
     if meta.get("format") != FORMAT:

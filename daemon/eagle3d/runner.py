@@ -34,7 +34,7 @@ from eagle3proto.paths import Shard
 from . import config, faults, job
 from .cli import EXIT_CODES
 from .commit import CommitError, Committer, validate
-from .dump import BadDump, Dump, read_dump, rid_of
+from .dump import BadDump, Dump, DumpVanished, read_dump, rid_of, vanished
 from .handoff import Coalesced, Handoff
 from .preflight import (
     EXIT_CONFIG,
@@ -485,9 +485,7 @@ class Daemon:
             # Its dump was complete (only a final name is reported) and is gone before the
             # daemon read it: the dump area was removed or cleaned under the run. Nothing
             # will bring it back, so resend now; waiting would cost the request timeout.
-            self._fail_attempt(
-                p, "DumpLost", f"{os.path.basename(path)} vanished before it was read"
-            )
+            self._fail_attempt(p, "DumpLost", str(vanished(path)))
             return
         p.stage = DUMPED
         self.wake.set()  # a slot at the producer is free
@@ -543,7 +541,7 @@ class Daemon:
                     validate(dump, p.input_ids, self.hidden_size, self.layers)
                     todo.append((k, dump))
                 except BadDump as e:
-                    results[k] = ("bad_dump", str(e), 0)
+                    results[k] = ("lost" if isinstance(e, DumpVanished) else "bad_dump", str(e), 0)
             written = self.committer.commit_many(
                 [(batch[k].idx, batch[k].input_ids, batch[k].loss_mask, d) for k, d in todo]
             )
@@ -595,6 +593,8 @@ class Daemon:
         elif outcome == "io" and err in DISK_FULL:
             self.retry_commits.append(p)
             self._pause(f"disk full writing to {self.output}: {message}")
+        elif outcome == "lost":
+            self._fail_attempt(p, "DumpLost", message)
         elif outcome == "bad_dump":
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(p.dump_path)
