@@ -238,6 +238,107 @@ def write(fd: int, tensors: dict[str, torch.Tensor], direct: DirectBuffer | None
     return Written(a.pos, a.crc)
 
 
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The archive :func:`write` makes for tensors of given names, dtypes and shapes, laid
+    out ahead of their bytes, so that a caller can put each tensor's bytes straight where
+    they belong in one buffer (:func:`fill`, then :func:`seal`) instead of building tensors
+    first and gathering them after.
+
+    ``slots`` are the (offset, size) of each tensor's data record, in the dict's order;
+    ``gaps`` are the (offset, bytes) of everything in between (headers, the constant
+    records, the central directory), with each variable record's CRC-32 left to patch.
+    """
+
+    total: int
+    slots: tuple[tuple[int, int], ...]
+    gaps: tuple[tuple[int, bytes], ...]
+    serial: int  # offset of the serialization id's 40 digits
+    # (data offset, size, local header's CRC field, central entry's CRC field) of the
+    # records whose content changes from file to file: the slots, then the serial id.
+    variable: tuple[tuple[int, int, int, int], ...]
+    # The file as (offset, size, index into ``variable`` or -1) runs, in order: the file's
+    # CRC-32 is combined from the variable records' and recomputed over the rest.
+    runs: tuple[tuple[int, int, int], ...]
+
+
+@functools.lru_cache(maxsize=1024)
+def plan(spec: tuple[tuple[str, Any, tuple[int, ...]], ...]) -> Plan:
+    """The :class:`Plan` for contiguous tensors given as ((name, dtype, shape), ...)."""
+    import torch
+
+    tensors = {name: torch.empty(shape, dtype=dtype, device="meta") for name, dtype, shape in spec}
+    a = _Archive()
+    a.record("archive/data.pkl", data_pkl(tensors))
+    a.record("archive/.format_version", b"1")
+    a.record("archive/.storage_alignment", b"64")
+    a.record("archive/byteorder", b"little")
+    first = len(a.entries)
+    for key, t in enumerate(tensors.values()):
+        a.record(f"archive/data/{key}", bytes(t.numel() * t.element_size()))
+    a.record("archive/version", b"3\n")
+    a.record("archive/.data/serialization_id", b"0" * 40)
+    central = a.pos
+    a.finish()
+    variable_records = [*range(first, first + len(tensors)), len(a.entries) - 1]
+    variable = []
+    for j, (raw, _crc, size, offset) in enumerate(a.entries):
+        pos = central
+        for raw2, *_ in a.entries[:j]:
+            pos += _CENTRAL.size + len(raw2)
+        if j in variable_records:
+            data = offset + _LOCAL.size + len(raw) + 4
+            data += -data % ALIGN
+            variable.append((data, size, offset + 14, pos + 16))
+    # The file as one image, then cut around the tensors' data.
+    image = b"".join(bytes(memoryview(p).cast("B")) for p in a.parts)
+    slots = tuple((off, n) for off, n, _, _ in variable[:-1])
+    gaps = []
+    runs = []
+    pos = 0
+    for k, (off, n) in enumerate(slots):
+        gaps.append((pos, image[pos:off]))
+        runs += [(pos, off - pos, -1), (off, n, k)]
+        pos = off + n
+    gaps.append((pos, image[pos:]))
+    runs.append((pos, len(image) - pos, -1))
+    return Plan(
+        total=len(image),
+        slots=slots,
+        gaps=tuple(gaps),
+        serial=variable[-1][0],
+        variable=tuple(variable),
+        runs=tuple(r for r in runs if r[1]),
+    )
+
+
+def fill(p: Plan, mv: memoryview) -> None:
+    """Put everything but the tensors' bytes in place in ``mv`` (at least ``p.total``)."""
+    for off, data in p.gaps:
+        mv[off : off + len(data)] = data
+
+
+def seal(p: Plan, mv: memoryview) -> Written:
+    """Finish the archive in ``mv`` once the slots hold the tensors' bytes: a fresh
+    serialization id, every variable record's CRC-32 patched in, the file's CRC-32."""
+    serial = int.from_bytes(os.urandom(16), "little")
+    mv[p.serial : p.serial + 40] = f"{serial:040d}".encode()
+    crcs = []
+    for off, n, local, central in p.variable:
+        crc = crc32(mv[off : off + n], 0)
+        struct.pack_into("<I", mv, local, crc)
+        struct.pack_into("<I", mv, central, crc)
+        crcs.append(crc)
+    combine = _crc32_combine()
+    total = 0
+    for off, n, k in p.runs:
+        if k < 0 or combine is None or n < _COMBINE_MIN:
+            total = crc32(mv[off : off + n], total)
+        else:
+            total = combine(total, crcs[k], n)
+    return Written(p.total, total)
+
+
 BLOCK = 4096  # O_DIRECT alignment of memory, offsets and lengths (covers 512 and 4K sectors)
 
 
@@ -278,7 +379,13 @@ def write_direct(fd: int, parts: list[Any], total: int, buf: DirectBuffer) -> No
         b = memoryview(p).cast("B")
         mv[pos : pos + len(b)] = b
         pos += len(b)
-    mv[pos:] = bytes(len(mv) - pos)  # the cut-off tail: no stale bytes, even in a temp file
+    flush_direct(fd, mv, total)
+
+
+def flush_direct(fd: int, mv: memoryview, total: int) -> None:
+    """Write the first ``total`` bytes of ``mv`` (a :meth:`DirectBuffer.view`) as whole
+    blocks from offset 0, then cut the file to ``total``; for a buffered ``fd`` too."""
+    mv[total:] = bytes(len(mv) - total)  # the cut-off tail: no stale bytes, even in a temp file
     off = 0
     while off < len(mv):
         n = os.pwrite(fd, mv[off:], off)

@@ -15,21 +15,24 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import itertools
 import logging
 import math
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from eagle3proto.paths import TMP_MARK, sample_relpath
 
-from . import ckpt, faults
+from . import ckpt, faults, splice
 from .crc import crc32
-from .dump import BadDump, Dump
+from .dump import BadDump, Dump, read_dump
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
 log = logging.getLogger("eagle3d")
@@ -37,6 +40,11 @@ log = logging.getLogger("eagle3d")
 # Larger samples are written buffered: a direct write's gathering buffer stays allocated per
 # commit thread, and per-sample overheads matter less at that size.
 DIRECT_MAX = 256 << 20
+
+
+# A temp file written and not yet synced: (descriptor, temp path, directory, final name,
+# relpath, size, checksum).
+_Temp = tuple[int, str, str, str, str, int, str]
 
 
 class CommitError(OSError):
@@ -152,7 +160,6 @@ def all_finite(x: torch.Tensor, chunk: int = 1 << 20) -> bool:
     ``torch.isfinite`` on bf16 runs at ~150 MB/s on CPUs without native bf16; testing the
     exponent bits of an integer view with numpy runs near memory speed and is exact.
     """
-    import numpy as np
     import torch
 
     # One vectorised pass first: a NaN or an Inf makes the sum NaN or infinite whatever the
@@ -165,7 +172,14 @@ def all_finite(x: torch.Tensor, chunk: int = 1 << 20) -> bool:
     if spec is None or x.device.type != "cpu":
         return bool(torch.isfinite(x).all())
     bits = x.contiguous().reshape(-1).view(getattr(torch, spec[0])).numpy()
-    mask = spec[1]
+    return finite_bits(bits, spec[1], chunk)
+
+
+def finite_bits(bits: np.ndarray, mask: int, chunk: int = 1 << 20) -> bool:
+    """True when no element of ``bits`` (floats viewed as integers) has every bit of the
+    exponent ``mask`` set, i.e. none is NaN or Inf."""
+    import numpy as np
+
     tmp = np.empty(min(chunk, bits.size), dtype=bits.dtype)
     for i in range(0, bits.size, chunk):  # cache-sized chunks, one reused temporary
         part = bits[i : i + chunk]
@@ -245,15 +259,15 @@ class Committer:
     ) -> Committed:
         """Write sample ``idx`` atomically and durably. Raises CommitError on I/O failure."""
         (result,) = self.commit_many([(idx, input_ids, loss_mask, dump)])
-        if isinstance(result, CommitError):
+        if isinstance(result, (CommitError, BadDump)):
             raise result
         return result
 
     def commit_many(
         self, samples: list[tuple[int, list[int], list[int], Dump]]
-    ) -> list[Committed | CommitError]:
-        """Write several samples, each atomically and durably; one result per sample, in
-        order (a CommitError for each that failed, the others stand).
+    ) -> list[Committed | CommitError | BadDump]:
+        """Write several samples from loaded dumps, each atomically and durably; one result
+        per sample, in order (a CommitError for each that failed, the others stand).
 
         The samples' temp files are all written, then each is fdatasync'ed, then all are
         renamed, then each row directory is fsync'ed once for all its renames: a batch
@@ -261,13 +275,38 @@ class Committer:
         its directory sync returned; until then a crash may keep or lose it, and either is
         consistent (the journal has no record of it yet, so it is redone).
         """
-        out: list[Committed | CommitError | None] = [None] * len(samples)
+        return self._commit(
+            [s[0] for s in samples], [functools.partial(self._write_temp, *s) for s in samples]
+        )
+
+    def commit_files(
+        self,
+        samples: list[tuple[int, list[int], list[int], str]],
+        hidden_size: int,
+        layers: list[int],
+    ) -> list[Committed | CommitError | BadDump]:
+        """As :meth:`commit_many`, from dump files: each is first checked against what was
+        sent (:func:`validate`); a dump that fails is not written, and its result is the
+        BadDump (DumpVanished when the file is gone).
+
+        Dumps of the usual kind go from the file straight into the archive
+        (:mod:`eagle3d.splice`); the rest are loaded with safetensors first.
+        """
+        return self._commit(
+            [s[0] for s in samples],
+            [functools.partial(self._write_file, *s, hidden_size, layers) for s in samples],
+        )
+
+    def _commit(
+        self, idxs: list[int], stages: list[Callable[[], _Temp]]
+    ) -> list[Committed | CommitError | BadDump]:
+        out: list[Committed | CommitError | BadDump | None] = [None] * len(idxs)
         written: list[tuple[int, int, str, str, str, str, int, str]] = []
         try:
-            for k, (idx, input_ids, loss_mask, dump) in enumerate(samples):
+            for k, stage in enumerate(stages):
                 try:
-                    written.append((k, *self._write_temp(idx, input_ids, loss_mask, dump)))
-                except CommitError as e:
+                    written.append((k, *stage()))
+                except (CommitError, BadDump) as e:
                     out[k] = e
         except BaseException:  # a bug: leave no descriptor or temp file behind
             for _, fd, tmp, *_rest in written:
@@ -280,7 +319,7 @@ class Committer:
                 os.fdatasync(fd)
             except OSError as e:
                 _unlink_quietly(tmp)
-                out[k] = _error(samples[k][0], e)
+                out[k] = _error(idxs[k], e)
                 continue
             finally:
                 os.close(fd)
@@ -288,12 +327,11 @@ class Committer:
             staged.append((k, tmp, full_dir, name, rel, size, checksum))
         by_dir: dict[str, list[int]] = {}
         for k, tmp, full_dir, name, rel, size, checksum in staged:
-            idx = samples[k][0]
             try:
                 os.rename(tmp, os.path.join(full_dir, name))
             except OSError as e:
                 _unlink_quietly(tmp)
-                out[k] = _error(idx, e)
+                out[k] = _error(idxs[k], e)
                 continue
             faults.kill_point("after_rename")
             by_dir.setdefault(full_dir, []).append(k)
@@ -303,12 +341,66 @@ class Committer:
                 _fsync_dir(full_dir)
             except OSError as e:
                 for k in ks:
-                    out[k] = _error(samples[k][0], e)
+                    out[k] = _error(idxs[k], e)
         return [r for r in out if r is not None]
+
+    def _write_file(
+        self,
+        idx: int,
+        input_ids: list[int],
+        loss_mask: list[int],
+        path: str,
+        hidden_size: int,
+        layers: list[int],
+    ) -> _Temp:
+        """Check the dump at ``path`` and write it as sample ``idx`` under a temp name (as
+        :meth:`_write_temp`). Raises BadDump for a dump that fails the checks."""
+        staged = splice.stage(
+            path, input_ids, loss_mask, hidden_size, layers, self._buffer(), DIRECT_MAX
+        )
+        if staged is None:  # not the usual kind, or bad: the general path says why
+            dump = read_dump(path)
+            validate(dump, input_ids, hidden_size, layers)
+            return self._write_temp(idx, input_ids, loss_mask, dump)
+        rel = sample_relpath(idx)
+        rel_dir, name = os.path.split(rel)
+        size = staged.written.nbytes
+        try:
+            full_dir = self._ensure_dir(rel_dir)
+            tmp = os.path.join(full_dir, f".{name}{TMP_MARK}{os.getpid()}-{next(self._n)}")
+            direct = self.direct
+            fd = self._open_temp(tmp, direct)
+            try:
+                self._flush(fd, staged.view, size, direct and self.direct)
+            except BaseException:
+                os.close(fd)
+                _unlink_quietly(tmp)
+                raise
+        except OSError as e:
+            raise _error(idx, e) from e
+        return fd, tmp, full_dir, name, rel, size, f"crc32:{staged.written.crc:08x}"
+
+    def _buffer(self) -> ckpt.DirectBuffer:
+        buf = getattr(self._local, "buf", None)
+        if buf is None:
+            buf = self._local.buf = ckpt.DirectBuffer()
+        return buf
+
+    def _flush(self, fd: int, view: memoryview, size: int, direct: bool) -> None:
+        try:
+            ckpt.flush_direct(fd, view, size)
+        except OSError as e:
+            if e.errno != errno.EINVAL or not direct:
+                raise
+            self._no_direct(f"write: {e}")
+            # The same file, buffered from the start.
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+            os.ftruncate(fd, 0)
+            ckpt.flush_direct(fd, view, size)
 
     def _write_temp(
         self, idx: int, input_ids: list[int], loss_mask: list[int], dump: Dump
-    ) -> tuple[int, str, str, str, str, int, str]:
+    ) -> _Temp:
         """Write sample ``idx`` under a temp name in its row directory; the caller
         fdatasyncs and closes the descriptor.
 
@@ -359,11 +451,8 @@ class Committer:
 
     def _write_archive(self, fd: int, payload: dict[str, Any], direct: bool) -> ckpt.Written:
         if direct:
-            buf = getattr(self._local, "buf", None)
-            if buf is None:
-                buf = self._local.buf = ckpt.DirectBuffer()
             try:
-                return ckpt.write(fd, payload, direct=buf)
+                return ckpt.write(fd, payload, direct=self._buffer())
             except OSError as e:
                 if e.errno != errno.EINVAL:
                     raise

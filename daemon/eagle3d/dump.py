@@ -118,6 +118,47 @@ def safetensors_parts(tensors: dict[str, torch.Tensor], meta: dict[str, str]) ->
     return [struct.pack("<Q", len(text)) + text, *parts]
 
 
+@dataclass(frozen=True, slots=True)
+class Header:
+    """A dump's safetensors header: what it holds and where, without reading the data."""
+
+    meta: dict[str, str]
+    #: name -> (safetensors dtype such as "F32", shape, first byte, end) in the file
+    tensors: dict[str, tuple[str, tuple[int, ...], int, int]]
+    size: int  # of the whole file
+
+
+# A header longer than this is not one of ours (ours are a few hundred bytes).
+HEADER_MAX = 1 << 20
+
+
+def read_header(fd: int) -> Header:
+    """Read and check the header of the dump open on ``fd``. Raises BadDump (with no file
+    name: the caller knows it) when it is not a well-formed safetensors header."""
+    size = os.fstat(fd).st_size
+    head = os.pread(fd, 4096, 0)
+    if len(head) < 8:
+        raise BadDump(f"truncated: {size} bytes")
+    (n,) = struct.unpack_from("<Q", head)
+    if n > HEADER_MAX or 8 + n > size:
+        raise BadDump(f"header of {n} bytes in a file of {size}")
+    if 8 + n > len(head):
+        head += os.pread(fd, 8 + n - len(head), len(head))
+    try:
+        raw = json.loads(head[8 : 8 + n])
+        meta = {str(k): str(v) for k, v in (raw.pop("__metadata__", None) or {}).items()}
+        tensors = {}
+        for name, t in raw.items():
+            begin, end = (int(x) for x in t["data_offsets"])
+            shape = tuple(int(x) for x in t["shape"])
+            tensors[name] = (str(t["dtype"]), shape, 8 + n + begin, 8 + n + end)
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise BadDump(f"garbled header ({type(e).__name__}: {e})") from e
+    if any(not (8 + n <= b <= e <= size) for _, _, b, e in tensors.values()):
+        raise BadDump(f"a tensor lies beyond the end of the file ({size} bytes)")
+    return Header(meta, tensors, size)
+
+
 @dataclass(slots=True)
 class Dump:
     rid: str

@@ -33,8 +33,8 @@ from eagle3proto.paths import Shard
 
 from . import config, faults, job
 from .cli import EXIT_CODES
-from .commit import CommitError, Committer, validate
-from .dump import BadDump, Dump, DumpVanished, read_dump, rid_of, vanished
+from .commit import CommitError, Committer
+from .dump import BadDump, DumpVanished, rid_of, vanished
 from .handoff import Coalesced, Handoff
 from .preflight import (
     EXIT_CONFIG,
@@ -534,20 +534,17 @@ class Daemon:
         assert self.journal is not None
         results: list[tuple[str, str, int]] = [("error", "not committed", 0)] * len(batch)
         try:
-            todo: list[tuple[int, Dump]] = []
-            for k, p in enumerate(batch):
-                try:
-                    dump = read_dump(p.dump_path)
-                    validate(dump, p.input_ids, self.hidden_size, self.layers)
-                    todo.append((k, dump))
-                except BadDump as e:
-                    results[k] = ("lost" if isinstance(e, DumpVanished) else "bad_dump", str(e), 0)
-            written = self.committer.commit_many(
-                [(batch[k].idx, batch[k].input_ids, batch[k].loss_mask, d) for k, d in todo]
+            written = self.committer.commit_files(
+                [(p.idx, p.input_ids, p.loss_mask, p.dump_path) for p in batch],
+                self.hidden_size,
+                self.layers,
             )
             saved: list[tuple[int, ev.SampleSaved]] = []
-            for (k, _), done in zip(todo, written, strict=True):
-                p = batch[k]
+            for k, (p, done) in enumerate(zip(batch, written, strict=True)):
+                if isinstance(done, BadDump):
+                    lost = isinstance(done, DumpVanished)
+                    results[k] = ("lost" if lost else "bad_dump", str(done), 0)
+                    continue
                 if isinstance(done, CommitError):
                     results[k] = ("io", f"CommitError: {done}", done.errno or 0)
                     continue

@@ -1,0 +1,135 @@
+"""Move a dump's tensors into their sample archive without unpacking them.
+
+The general commit path loads a dump with safetensors into fresh tensors, checks them,
+builds an archive around them (:mod:`eagle3d.ckpt`) and gathers it into the commit thread's
+direct-I/O buffer: three copies of the data, a dozen tensor objects and their page faults
+per sample. Here the dump's header is read, the archive's layout (:func:`ckpt.plan`, cached
+per shape) is laid out in that buffer, and each tensor's bytes are read (``preadv``) straight
+into their slot, where they are checked and from where they are written. The checks are
+:func:`eagle3d.commit.validate`'s and the file is byte for byte the general path's (but for
+its random serialization id).
+
+On a CPU producer the daemon's commits run beside the forward on the same cores, so what
+they cost is taken from the forward (docs/benchmarks.md).
+
+Anything unusual (another dtype, a garbled header, a failed check) makes :func:`stage`
+return None: the caller then takes the general path, which reads the dump with safetensors
+and words the error. The fast path never has to describe a bad dump.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from array import array
+from dataclasses import dataclass
+from typing import Any
+
+from . import ckpt
+from .dump import FORMAT, BadDump, read_header, vanished
+
+# safetensors dtype -> torch dtype name, for the states (the ids are I64).
+_STATES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
+
+
+@dataclass(frozen=True, slots=True)
+class Staged:
+    """A sample archive complete in a buffer: write ``view[:written.nbytes]``."""
+
+    view: memoryview
+    written: ckpt.Written
+
+
+def stage(
+    path: str,
+    sent_ids: list[int],
+    loss_mask: list[int],
+    hidden_size: int,
+    layers: list[int],
+    buf: ckpt.DirectBuffer,
+    limit: int,
+) -> Staged | None:
+    """Build the sample archive of the dump at ``path`` in ``buf``, checked against what
+    was sent; None when the dump needs the general path (see the module's docstring), or
+    when the archive would exceed ``limit`` bytes. Raises DumpVanished if the file is gone.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError as e:
+        raise vanished(path) from e
+    try:
+        return _stage(fd, sent_ids, loss_mask, hidden_size, layers, buf, limit)
+    except BadDump:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _stage(
+    fd: int,
+    sent_ids: list[int],
+    loss_mask: list[int],
+    hidden_size: int,
+    layers: list[int],
+    buf: ckpt.DirectBuffer,
+    limit: int,
+) -> Staged | None:
+    import torch
+
+    h = read_header(fd)
+    if h.meta.get("format") != FORMAT or set(h.tensors) != {
+        "input_ids",
+        "aux_hidden_state",
+        "hidden_state",
+    }:
+        return None
+    if h.meta.get("layers") and h.meta["layers"] != ",".join(map(str, layers)):
+        return None
+    t = len(sent_ids)
+    ids, aux, hid = (h.tensors[k] for k in ("input_ids", "aux_hidden_state", "hidden_state"))
+    if ids[:2] != ("I64", (t,)) or aux[0] != hid[0] or hid[0] not in _STATES:
+        return None
+    if aux[1] != (t, len(layers) * hidden_size) or hid[1] != (t, hidden_size):
+        return None
+    dtype = getattr(torch, _STATES[hid[0]])
+    spec = (
+        ("input_ids", torch.int64, (t,)),
+        ("loss_mask", torch.int64, (t,)),
+        ("hidden_state", dtype, (1, t, hidden_size)),
+        ("aux_hidden_state", dtype, (1, t, len(layers) * hidden_size)),
+    )
+    plan = ckpt.plan(spec)
+    if plan.total > limit or len(loss_mask) != t:
+        return None
+    view = buf.view(plan.total)
+    ckpt.fill(plan, view)
+    (ids_at, n_ids), (mask_at, _), (hid_at, n_hid), (aux_at, n_aux) = plan.slots
+    for (begin, end), at, n in ((ids[2:], ids_at, n_ids), (hid[2:], hid_at, n_hid),
+                                (aux[2:], aux_at, n_aux)):  # fmt: skip
+        if end - begin != n or os.preadv(fd, [view[at : at + n]], begin) != n:
+            return None
+    if bytes(view[ids_at : ids_at + n_ids]) != array("q", sent_ids).tobytes():
+        return None
+    view[mask_at : mask_at + 8 * t] = memoryview(array("q", loss_mask)).cast("B")
+    for at, n in ((hid_at, n_hid), (aux_at, n_aux)):
+        if not finite(view[at : at + n], hid[0]):
+            return None
+    return Staged(view, ckpt.seal(plan, view))
+
+
+def finite(raw: Any, dtype: str) -> bool:
+    """True when the little-endian floats in ``raw`` (safetensors ``dtype``) hold no NaN
+    or Inf; see :func:`eagle3d.commit.all_finite`."""
+    import numpy as np
+    import torch
+
+    from .commit import finite_bits
+
+    if dtype == "F32":
+        # A NaN or an Inf makes the sum NaN or infinite whatever the order of additions: a
+        # finite sum proves every element finite (an overflowing one is decided below).
+        # torch's sum, over the same memory: a third of numpy's time here.
+        if math.isfinite(torch.frombuffer(raw, dtype=torch.float32).sum()):
+            return True
+        return finite_bits(np.frombuffer(raw, np.int32), 0x7F800000)
+    return finite_bits(np.frombuffer(raw, np.int16), 0x7F80 if dtype == "BF16" else 0x7C00)
