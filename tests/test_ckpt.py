@@ -157,3 +157,40 @@ def test_direct_buffer_grows_while_an_old_view_is_still_held() -> None:
     assert len(new) == (1 << 20) + ckpt.BLOCK
     old[0] = 7  # the old mapping stays valid for whoever still holds it
     assert old[0] == 7
+
+
+@pytest.mark.parametrize("t", [1, 31, 163, 1000])
+def test_the_file_ends_on_a_block_boundary_padded_by_the_zip_comment(
+    t: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A direct write of whole blocks is then the whole file: no ftruncate, which on ext4
+    read the file's last block back from the disk after every direct write."""
+    truncated = []
+    monkeypatch.setattr(os, "ftruncate", lambda fd, n: truncated.append(n))
+    sample = _sample(t, 64, torch.float32)
+    path = tmp_path / "s.ckpt"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        w = ckpt.write(fd, sample, direct=ckpt.DirectBuffer())
+    finally:
+        os.close(fd)
+    assert truncated == []
+    assert w.nbytes % ckpt.BLOCK == 0 and path.stat().st_size == w.nbytes
+    with zipfile.ZipFile(path) as z:
+        assert z.testzip() is None
+        assert set(z.comment) <= {ord(" ")} and len(z.comment) < ckpt.BLOCK
+    for kwargs in ({}, {"weights_only": True}, {"mmap": True, "weights_only": True}):
+        got = torch.load(path, **kwargs)
+        assert all(torch.equal(got[k], v) for k, v in sample.items())
+
+
+def test_flush_direct_cuts_data_that_does_not_fill_its_last_block(tmp_path: Path) -> None:
+    buf = ckpt.DirectBuffer()
+    view = buf.view(5000)
+    view[:5000] = b"x" * 5000
+    fd = os.open(tmp_path / "f", os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        ckpt.flush_direct(fd, view, 5000)
+    finally:
+        os.close(fd)
+    assert (tmp_path / "f").read_bytes() == b"x" * 5000

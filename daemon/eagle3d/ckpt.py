@@ -15,7 +15,11 @@ archive directly:
   direct I/O (:func:`write_direct`), gathered into a reused aligned buffer and written from
   it to the device, bypassing the page cache; the file's own CRC-32 (the journal's
   checksum) is combined from the records' CRCs (``crc32_combine``) instead of a second pass
-  over the data.
+  over the data;
+* the file ends on a 4 KiB boundary: the zip's end record carries a comment of spaces as
+  padding, which zip readers (``torch.load`` among them) skip. A direct write of whole
+  blocks is then exactly the file: cutting a block-rounded write back with ``ftruncate``
+  made ext4 read the file's last block back from the disk, a synchronous read per sample.
 
 Only archives under 4 GiB are written here (no zip64 records); :func:`fits` says when,
 and the caller uses ``torch.save`` otherwise.
@@ -210,8 +214,10 @@ class _Archive:
             )
             central += raw
         n = len(self.entries)
-        end = _END.pack(0x06054B50, 0, 0, n, n, len(central), start, 0)
-        self._emit(bytes(central) + end)
+        # The archive's comment (spaces) pads the file to whole blocks: see the docstring.
+        pad = -(start + len(central) + _END.size) % BLOCK
+        end = _END.pack(0x06054B50, 0, 0, n, n, len(central), start, pad)
+        self._emit(bytes(central) + end + b" " * pad)
 
 
 def write(fd: int, tensors: dict[str, torch.Tensor], direct: DirectBuffer | None = None) -> Written:
@@ -385,14 +391,16 @@ def write_direct(fd: int, parts: list[Any], total: int, buf: DirectBuffer) -> No
 def flush_direct(fd: int, mv: memoryview, total: int) -> None:
     """Write the first ``total`` bytes of ``mv`` (a :meth:`DirectBuffer.view`) as whole
     blocks from offset 0, then cut the file to ``total``; for a buffered ``fd`` too."""
-    mv[total:] = bytes(len(mv) - total)  # the cut-off tail: no stale bytes, even in a temp file
+    if total < len(mv):  # the cut-off tail: no stale bytes, even in a temp file
+        mv[total:] = bytes(len(mv) - total)
     off = 0
     while off < len(mv):
         n = os.pwrite(fd, mv[off:], off)
         if n <= 0 or n % BLOCK:  # a short direct write: only a full device gives one
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         off += n
-    os.ftruncate(fd, total)
+    if total < len(mv):  # archives here are padded to whole blocks; other data may not be
+        os.ftruncate(fd, total)
 
 
 def writev_all(fd: int, parts: list[Any]) -> None:
