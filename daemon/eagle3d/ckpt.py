@@ -168,6 +168,18 @@ def _crc32_combine() -> Any:
     return None  # pragma: no cover - no shared zlib: a second pass over the data instead
 
 
+class _Hole:
+    """Stands for a record's data in a :class:`Plan`: its size, without the bytes."""
+
+    __slots__ = ("n",)
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+
 class _Archive:
     def __init__(self) -> None:
         self.parts: list[Any] = []
@@ -177,6 +189,10 @@ class _Archive:
 
     def _emit(self, data: Any, crc: int | None = None) -> None:
         n = len(data)
+        if isinstance(data, _Hole):  # a plan's slot: no bytes, and no file CRC either
+            self.parts.append(data)
+            self.pos += n
+            return
         # Combining costs a ctypes call; a short record is cheaper to checksum again.
         combine = _crc32_combine() if crc is not None and n >= _COMBINE_MIN else None
         if combine is None:
@@ -188,7 +204,7 @@ class _Archive:
 
     def record(self, name: str, data: Any) -> None:
         raw = name.encode()
-        crc = crc32(data, 0)
+        crc = 0 if isinstance(data, _Hole) else crc32(data, 0)
         size = len(data)
         offset = self.pos
         # The "FB" extra field pads the header so the data starts on a 64-byte boundary.
@@ -281,7 +297,7 @@ def plan(spec: tuple[tuple[str, Any, tuple[int, ...]], ...]) -> Plan:
     a.record("archive/byteorder", b"little")
     first = len(a.entries)
     for key, t in enumerate(tensors.values()):
-        a.record(f"archive/data/{key}", bytes(t.numel() * t.element_size()))
+        a.record(f"archive/data/{key}", _Hole(t.numel() * t.element_size()))
     a.record("archive/version", b"3\n")
     a.record("archive/.data/serialization_id", b"0" * 40)
     central = a.pos
@@ -296,20 +312,25 @@ def plan(spec: tuple[tuple[str, Any, tuple[int, ...]], ...]) -> Plan:
             data = offset + _LOCAL.size + len(raw) + 4
             data += -data % ALIGN
             variable.append((data, size, offset + 14, pos + 16))
-    # The file as one image, then cut around the tensors' data.
-    image = b"".join(bytes(memoryview(p).cast("B")) for p in a.parts)
+    # Everything between the slots, as bytes; the file's CRC in runs around the slots.
     slots = tuple((off, n) for off, n, _, _ in variable[:-1])
-    gaps = []
-    runs = []
+    gaps: list[tuple[int, bytes]] = []
+    runs: list[tuple[int, int, int]] = []
     pos = 0
-    for k, (off, n) in enumerate(slots):
-        gaps.append((pos, image[pos:off]))
-        runs += [(pos, off - pos, -1), (off, n, k)]
-        pos = off + n
-    gaps.append((pos, image[pos:]))
-    runs.append((pos, len(image) - pos, -1))
+    gap = bytearray()
+    for part in a.parts:
+        if isinstance(part, _Hole):
+            gaps.append((pos - len(gap), bytes(gap)))
+            runs += [(pos - len(gap), len(gap), -1), (pos, len(part), len(runs) // 2)]
+            gap = bytearray()
+        else:
+            gap += memoryview(part).cast("B")
+        pos += len(part)
+    gaps.append((pos - len(gap), bytes(gap)))
+    runs.append((pos - len(gap), len(gap), -1))
+    assert [r[:2] for r in runs if r[2] >= 0] == list(slots)
     return Plan(
-        total=len(image),
+        total=pos,
         slots=slots,
         gaps=tuple(gaps),
         serial=variable[-1][0],
