@@ -362,23 +362,37 @@ class Committer:
             dump = read_dump(path)
             validate(dump, input_ids, hidden_size, layers)
             return self._write_temp(idx, input_ids, loss_mask, dump)
+        size = staged.written.nbytes
+
+        def write(fd: int, direct: bool) -> tuple[int, str]:
+            self._flush(fd, staged.view, size, direct)
+            return size, f"crc32:{staged.written.crc:08x}"
+
+        return self._new_temp(idx, True, write)
+
+    def _new_temp(
+        self, idx: int, direct_ok: bool, write: Callable[[int, bool], tuple[int, str]]
+    ) -> _Temp:
+        """Create sample ``idx``'s temp file in its row directory (with direct I/O where
+        allowed and ``direct_ok``) and fill it by ``write(fd, direct)``, which returns the
+        size and checksum. The caller fdatasyncs and closes the descriptor. Raises
+        CommitError on I/O failure, leaving no temp file."""
         rel = sample_relpath(idx)
         rel_dir, name = os.path.split(rel)
-        size = staged.written.nbytes
         try:
             full_dir = self._ensure_dir(rel_dir)
             tmp = os.path.join(full_dir, f".{name}{TMP_MARK}{os.getpid()}-{next(self._n)}")
-            direct = self.direct
+            direct = self.direct and direct_ok
             fd = self._open_temp(tmp, direct)
             try:
-                self._flush(fd, staged.view, size, direct and self.direct)
+                size, checksum = write(fd, direct and self.direct)
             except BaseException:
                 os.close(fd)
                 _unlink_quietly(tmp)
                 raise
         except OSError as e:
             raise _error(idx, e) from e
-        return fd, tmp, full_dir, name, rel, size, f"crc32:{staged.written.crc:08x}"
+        return fd, tmp, full_dir, name, rel, size, checksum
 
     def _buffer(self) -> ckpt.DirectBuffer:
         buf = getattr(self._local, "buf", None)
@@ -401,42 +415,29 @@ class Committer:
     def _write_temp(
         self, idx: int, input_ids: list[int], loss_mask: list[int], dump: Dump
     ) -> _Temp:
-        """Write sample ``idx`` under a temp name in its row directory; the caller
-        fdatasyncs and closes the descriptor.
+        """Write sample ``idx`` from a loaded dump under a temp name (see :meth:`_new_temp`).
 
         Returns (descriptor, temp path, directory, final name, relpath, size, checksum)."""
         import torch
 
-        rel = sample_relpath(idx)
-        rel_dir, name = os.path.split(rel)
-        try:
-            full_dir = self._ensure_dir(rel_dir)
-            payload = {
-                "input_ids": torch.tensor(input_ids, dtype=torch.int64),
-                "loss_mask": torch.tensor(loss_mask, dtype=torch.int64),
-                "hidden_state": dump.hidden_state.contiguous().unsqueeze(0),
-                "aux_hidden_state": dump.aux_hidden_state.contiguous().unsqueeze(0),
-            }
-            tmp = os.path.join(full_dir, f".{name}{TMP_MARK}{os.getpid()}-{next(self._n)}")
-            fits = ckpt.fits(payload)
-            direct = self.direct and fits and _nbytes(payload) <= DIRECT_MAX
-            fd = self._open_temp(tmp, direct)
-            try:
-                if fits:
-                    written = self._write_archive(fd, payload, direct)
-                    size, checksum = written.nbytes, f"crc32:{written.crc:08x}"
-                else:  # 4 GiB and up: torch's own zip64 writer
-                    payload = {k: _own(t) for k, t in payload.items()}
-                    w = ChecksumWriter(fd)
-                    _save(torch, payload, w)
-                    size, checksum = w.size, w.checksum
-            except BaseException:
-                os.close(fd)
-                _unlink_quietly(tmp)
-                raise
-        except OSError as e:
-            raise _error(idx, e) from e
-        return fd, tmp, full_dir, name, rel, size, checksum
+        payload = {
+            "input_ids": torch.tensor(input_ids, dtype=torch.int64),
+            "loss_mask": torch.tensor(loss_mask, dtype=torch.int64),
+            "hidden_state": dump.hidden_state.contiguous().unsqueeze(0),
+            "aux_hidden_state": dump.aux_hidden_state.contiguous().unsqueeze(0),
+        }
+        fits = ckpt.fits(payload)
+
+        def write(fd: int, direct: bool) -> tuple[int, str]:
+            if fits:
+                written = self._write_archive(fd, payload, direct)
+                return written.nbytes, f"crc32:{written.crc:08x}"
+            # 4 GiB and up: torch's own zip64 writer
+            w = ChecksumWriter(fd)
+            _save(torch, {k: _own(t) for k, t in payload.items()}, w)
+            return w.size, w.checksum
+
+        return self._new_temp(idx, fits and _nbytes(payload) <= DIRECT_MAX, write)
 
     def _open_temp(self, tmp: str, direct: bool) -> int:
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC

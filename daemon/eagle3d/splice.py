@@ -30,6 +30,7 @@ from .dump import FORMAT, BadDump, read_header, vanished
 
 # safetensors dtype -> torch dtype name, for the states (the ids are I64).
 _STATES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
+_NAMES = {"input_ids", "aux_hidden_state", "hidden_state"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,68 +54,55 @@ def stage(
     was sent; None when the dump needs the general path (see the module's docstring), or
     when the archive would exceed ``limit`` bytes. Raises DumpVanished if the file is gone.
     """
+    import torch
+
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError as e:
         raise vanished(path) from e
     try:
-        return _stage(fd, sent_ids, loss_mask, hidden_size, layers, buf, limit)
-    except BadDump:
+        h = read_header(fd)
+        if h.meta.get("format") != FORMAT or set(h.tensors) != _NAMES:
+            return None
+        if h.meta.get("layers") and h.meta["layers"] != ",".join(map(str, layers)):
+            return None
+        t = len(sent_ids)
+        ids, aux, hid = (h.tensors[k] for k in ("input_ids", "aux_hidden_state", "hidden_state"))
+        if ids[:2] != ("I64", (t,)) or aux[0] != hid[0] or hid[0] not in _STATES:
+            return None
+        if aux[1] != (t, len(layers) * hidden_size) or hid[1] != (t, hidden_size):
+            return None
+        dtype = getattr(torch, _STATES[hid[0]])
+        spec = (
+            ("input_ids", torch.int64, (t,)),
+            ("loss_mask", torch.int64, (t,)),
+            ("hidden_state", dtype, (1, t, hidden_size)),
+            ("aux_hidden_state", dtype, (1, t, len(layers) * hidden_size)),
+        )
+        plan = ckpt.plan(spec)
+        if plan.total > limit or len(loss_mask) != t:
+            return None
+        view = buf.view(plan.total)
+        ckpt.fill(plan, view)
+        (ids_at, n_ids), (mask_at, _), (hid_at, n_hid), (aux_at, n_aux) = plan.slots
+        for (*_, begin, end), at, n in (
+            (ids, ids_at, n_ids),
+            (hid, hid_at, n_hid),
+            (aux, aux_at, n_aux),
+        ):
+            if end - begin != n or os.preadv(fd, [view[at : at + n]], begin) != n:
+                return None
+        if bytes(view[ids_at : ids_at + n_ids]) != array("q", sent_ids).tobytes():
+            return None
+        view[mask_at : mask_at + 8 * t] = memoryview(array("q", loss_mask)).cast("B")
+        for at, n in ((hid_at, n_hid), (aux_at, n_aux)):
+            if not finite(view[at : at + n], hid[0]):
+                return None
+        return Staged(view, ckpt.seal(plan, view))
+    except BadDump:  # a garbled header: the general path words it
         return None
     finally:
         os.close(fd)
-
-
-def _stage(
-    fd: int,
-    sent_ids: list[int],
-    loss_mask: list[int],
-    hidden_size: int,
-    layers: list[int],
-    buf: ckpt.DirectBuffer,
-    limit: int,
-) -> Staged | None:
-    import torch
-
-    h = read_header(fd)
-    if h.meta.get("format") != FORMAT or set(h.tensors) != {
-        "input_ids",
-        "aux_hidden_state",
-        "hidden_state",
-    }:
-        return None
-    if h.meta.get("layers") and h.meta["layers"] != ",".join(map(str, layers)):
-        return None
-    t = len(sent_ids)
-    ids, aux, hid = (h.tensors[k] for k in ("input_ids", "aux_hidden_state", "hidden_state"))
-    if ids[:2] != ("I64", (t,)) or aux[0] != hid[0] or hid[0] not in _STATES:
-        return None
-    if aux[1] != (t, len(layers) * hidden_size) or hid[1] != (t, hidden_size):
-        return None
-    dtype = getattr(torch, _STATES[hid[0]])
-    spec = (
-        ("input_ids", torch.int64, (t,)),
-        ("loss_mask", torch.int64, (t,)),
-        ("hidden_state", dtype, (1, t, hidden_size)),
-        ("aux_hidden_state", dtype, (1, t, len(layers) * hidden_size)),
-    )
-    plan = ckpt.plan(spec)
-    if plan.total > limit or len(loss_mask) != t:
-        return None
-    view = buf.view(plan.total)
-    ckpt.fill(plan, view)
-    (ids_at, n_ids), (mask_at, _), (hid_at, n_hid), (aux_at, n_aux) = plan.slots
-    for (begin, end), at, n in ((ids[2:], ids_at, n_ids), (hid[2:], hid_at, n_hid),
-                                (aux[2:], aux_at, n_aux)):  # fmt: skip
-        if end - begin != n or os.preadv(fd, [view[at : at + n]], begin) != n:
-            return None
-    if bytes(view[ids_at : ids_at + n_ids]) != array("q", sent_ids).tobytes():
-        return None
-    view[mask_at : mask_at + 8 * t] = memoryview(array("q", loss_mask)).cast("B")
-    for at, n in ((hid_at, n_hid), (aux_at, n_aux)):
-        if not finite(view[at : at + n], hid[0]):
-            return None
-    return Staged(view, ckpt.seal(plan, view))
 
 
 def finite(raw: Any, dtype: str) -> bool:
