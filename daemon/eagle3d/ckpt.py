@@ -411,7 +411,8 @@ def write_direct(fd: int, parts: list[Any], total: int, buf: DirectBuffer) -> No
 
 def flush_direct(fd: int, mv: memoryview, total: int) -> None:
     """Write the first ``total`` bytes of ``mv`` (a :meth:`DirectBuffer.view`) as whole
-    blocks from offset 0, then cut the file to ``total``; for a buffered ``fd`` too."""
+    blocks from offset 0, cutting the file back to ``total`` if that does not fill its
+    last block; for a buffered ``fd`` too."""
     if total < len(mv):  # the cut-off tail: no stale bytes, even in a temp file
         mv[total:] = bytes(len(mv) - total)
     off = 0

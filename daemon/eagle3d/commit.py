@@ -301,7 +301,7 @@ class Committer:
         self, idxs: list[int], stages: list[Callable[[], _Temp]]
     ) -> list[Committed | CommitError | BadDump]:
         out: list[Committed | CommitError | BadDump | None] = [None] * len(idxs)
-        written: list[tuple[int, int, str, str, str, str, int, str]] = []
+        written: list[tuple[int, *_Temp]] = []  # (k, *temp file)
         try:
             for k, stage in enumerate(stages):
                 try:
