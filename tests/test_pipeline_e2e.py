@@ -233,10 +233,16 @@ def test_two_shards_run_concurrently_into_one_output(tiny_model_dir: Path, tmp_p
 def test_second_daemon_on_the_same_shard_is_refused(tiny_model_dir: Path, tmp_path: Path) -> None:
     data = write_jsonl(tmp_path / "d.jsonl", conversations(60))
     out = tmp_path / "out"
-    first = start(tiny_model_dir, data, out, "--batch-tokens", "256", "--concurrency", "2")
+    # The worker rests 1 s after each batch, so the first daemon is surely still running
+    # when the second has started up (unslowed, it once finished all 60 first).
+    slow = {"EAGLE3D_FAULT": "worker_slow:1000"}
+    first = start(
+        tiny_model_dir, data, out, "--batch-tokens", "256", "--concurrency", "2", env=slow
+    )
     try:
         wait_for_saved(out, 1, first)
         second = run(tiny_model_dir, data, out)
+        assert first.poll() is None, "the first daemon ended before the second started"
         assert second.returncode == 5
         assert "another eagle3d" in second.stderr and "shard-0-of-1.lock" in second.stderr
     finally:
