@@ -125,7 +125,6 @@ class Header:
     meta: dict[str, str]
     #: name -> (safetensors dtype such as "F32", shape, first byte, end) in the file
     tensors: dict[str, tuple[str, tuple[int, ...], int, int]]
-    size: int  # of the whole file
 
 
 # A header longer than this is not one of ours (ours are a few hundred bytes).
@@ -156,7 +155,7 @@ def read_header(fd: int) -> Header:
         raise BadDump(f"garbled header ({type(e).__name__}: {e})") from e
     if any(not (8 + n <= b <= e <= size) for _, _, b, e in tensors.values()):
         raise BadDump(f"a tensor lies beyond the end of the file ({size} bytes)")
-    return Header(meta, tensors, size)
+    return Header(meta, tensors)
 
 
 @dataclass(slots=True)
