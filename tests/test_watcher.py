@@ -81,3 +81,48 @@ async def test_a_removed_dump_area_is_recreated_and_watched_again(tmp_path) -> N
         assert got == [path]  # reported by inotify again, not only by the periodic scan
     finally:
         w.stop()
+
+
+def _long_move_pairing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make watchdog hold an ``IN_MOVED_FROM`` for 60 s instead of 0.5 s (its pairing delay,
+    wherever this watchdog version keeps it), so that a stall behind one cannot be missed."""
+    import importlib
+
+    for module, cls in (
+        ("watchdog.observers.inotify_move_event_grouper", "InotifyMoveEventGrouper"),
+        ("watchdog.observers.inotify_buffer", "InotifyBuffer"),
+    ):
+        try:
+            monkeypatch.setattr(getattr(importlib.import_module(module), cls), "delay", 60.0)
+        except (ImportError, AttributeError):
+            continue
+        return
+    pytest.skip("this watchdog keeps no move-pairing delay")
+
+
+async def test_a_file_moved_out_of_the_dump_area_does_not_hold_back_the_next_dump(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # watchdog holds an IN_MOVED_FROM at the head of its queue until its pair comes or the
+    # delay ends; every event behind it waits. A move out of the area has no pair, and a
+    # rename's pair can come late. The watch asks for IN_MOVED_TO only, so nothing is held.
+    _long_move_pairing(monkeypatch)
+    d = str(tmp_path / "dumps")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    got: list[str] = []
+    w = _started(d, got)
+    try:
+        await asyncio.sleep(0.2)
+        stray = os.path.join(d, "notes.txt")
+        with open(stray, "w") as f:
+            f.write("moved away by an operator")
+        os.rename(stray, elsewhere / "notes.txt")
+        ids = torch.arange(5)
+        path = await asyncio.to_thread(
+            write_dump, d, "e5", ids, torch.zeros(5, 12), torch.zeros(5, 4), [1, 2, 3]
+        )
+        await _settle(got, 1, seconds=10.0)
+        assert got == [path]
+    finally:
+        w.stop()

@@ -3,6 +3,12 @@
 Producers write ``.<rid>.e3dump.tmp`` and rename it to ``<rid>.e3dump``; only the final name
 is reported. A periodic :meth:`DumpWatcher.scan` is the safety net for an event lost to an
 overflowing inotify queue; the dump area holds only uncommitted dumps, so it stays small.
+
+The watch asks inotify for arrivals only (``IN_MOVED_TO``, never ``IN_MOVED_FROM``): watchdog
+holds every ``IN_MOVED_FROM`` for half a second to pair it with its ``IN_MOVED_TO``, and while
+it is held at the head of its queue, every event behind it waits. A rename's ``IN_MOVED_FROM``
+that watchdog's reader handed on before its pair, or a file moved out of the dump area, then
+delayed every dump arriving in the next 0.5 s.
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Callable
+from typing import Any
 
 from watchdog.events import (
     FileClosedEvent,
@@ -19,6 +26,7 @@ from watchdog.events import (
     FileSystemEventHandler,
 )
 from watchdog.observers import Observer
+from watchdog.observers.api import BaseObserver, EventEmitter
 
 from .dump import rid_of
 from .handoff import Coalesced
@@ -41,6 +49,33 @@ class _Handler(FileSystemEventHandler):
             self.notify(str(event.src_path))
 
 
+def _arrivals_only(emitter: type[EventEmitter]) -> type[EventEmitter]:
+    """``emitter`` (watchdog's inotify emitter) with ``IN_MOVED_FROM`` left out of its mask;
+    a rename into the dump area still reports ``IN_MOVED_TO``, alone, as a created file."""
+    from watchdog.observers.inotify_c import InotifyConstants
+
+    base: Any = emitter
+
+    class Arrivals(base):
+        def get_event_mask_from_filter(self) -> Any:
+            return super().get_event_mask_from_filter() & ~InotifyConstants.IN_MOVED_FROM
+
+    return Arrivals
+
+
+def _observer() -> BaseObserver:
+    """watchdog's observer for this platform; on Linux, one that reports arrivals only."""
+    observer = Observer()
+    try:
+        from watchdog.observers.inotify import InotifyEmitter
+    except ImportError:  # pragma: no cover - not Linux: the platform's observer as is
+        return observer
+    cls = getattr(observer, "_emitter_class", None)
+    if isinstance(cls, type) and issubclass(cls, InotifyEmitter):
+        observer._emitter_class = _arrivals_only(cls)
+    return observer
+
+
 class DumpWatcher:
     """Calls ``on_dump(path)`` on the event loop for every complete dump in ``dump_dir``."""
 
@@ -50,7 +85,7 @@ class DumpWatcher:
         self.dump_dir = dump_dir
         self.loop = loop
         self.on_dump = on_dump
-        self._observer = Observer()
+        self._observer = _observer()
         self._ino = 0
         self._arrived: Coalesced[str] = Coalesced(loop, self._drain)
 
