@@ -147,6 +147,9 @@ def test_written_follows_each_batch_once_its_dumps_are_in_the_dump_area(
             if len(written) == 6:
                 break
         assert written == {f"r{i}" for i in range(6)}
+        # Its threads carry their roles where top -H and ps -L look (eagle3d.threadnames).
+        names = {(t / "comm").read_text().strip() for t in Path(f"/proc/{proc.pid}/task").iterdir()}
+        assert {"reader", "dump-writer"} <= names, names
     finally:
         assert proc.stdin is not None
         proc.stdin.close()

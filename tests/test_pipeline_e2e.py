@@ -250,6 +250,36 @@ def test_second_daemon_on_the_same_shard_is_refused(tiny_model_dir: Path, tmp_pa
         first.wait(timeout=60)
 
 
+def test_the_daemons_threads_carry_their_roles_for_top_and_ps(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    import time
+
+    data = write_jsonl(tmp_path / "d.jsonl", conversations(20))
+    out = tmp_path / "out"
+    proc = start(
+        tiny_model_dir, data, out, "--batch-tokens", "256", "--concurrency", "2",
+        env={"EAGLE3D_FAULT": "worker_slow:1000"},
+    )  # fmt: skip
+    want = {"feeder", "journal-flush", "commit_0", "dump-inotify", "dump-observer", "dump-emitter"}
+    names: set[str] = set()
+    try:
+        wait_for_saved(out, 1, proc)
+        deadline = time.monotonic() + 30
+        while not want <= names and time.monotonic() < deadline:
+            time.sleep(0.2)  # commit threads start with the first commit, named at a tick
+            names = {
+                (t / "comm").read_text().strip()
+                for t in Path(f"/proc/{proc.pid}/task").iterdir()
+                if (t / "comm").exists()
+            }
+        assert proc.poll() is None
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    assert want <= names, names
+
+
 def test_sigterm_during_model_load_stops_cleanly(tiny_model_dir: Path, tmp_path: Path) -> None:
     import time
 

@@ -48,6 +48,7 @@ from .preflight import (
     check_output,
 )
 from .producers.base import Producer, Request
+from .threadnames import name_threads
 from .watcher import DumpWatcher
 
 if TYPE_CHECKING:
@@ -297,6 +298,7 @@ class Daemon:
         self.handoff: Handoff[Any] = Handoff(self.loop, max(8, self.window))
         feeder = threading.Thread(target=self._feed, name="feeder", daemon=True)
         feeder.start()
+        name_threads()
         tasks = [
             asyncio.create_task(self._dispatch()),
             asyncio.create_task(self._tick()),
@@ -755,6 +757,7 @@ class Daemon:
             state = "paused" if self.paused else ("draining" if self.stopping else "running")
             self._append(self._stats(state))
             self._heartbeat(now)
+            name_threads()  # the commit pool starts its threads as work comes
             if n % 10 == 0:
                 self._log_progress()
 

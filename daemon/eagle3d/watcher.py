@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -103,6 +104,17 @@ class DumpWatcher:
         os.makedirs(self.dump_dir, exist_ok=True)
         self._schedule()
         self._observer.start()
+        self._name_threads()
+
+    def _name_threads(self) -> None:
+        """Python names for watchdog's threads (its own are ``Thread-N``), which
+        :mod:`eagle3d.threadnames` passes on to ``top -H`` and ``ps -L``."""
+        self._observer.name = "dump-observer"
+        for emitter in self._observer.emitters:
+            emitter.name = "dump-emitter"
+        reader = getattr(self._observer, "_inotify_fd", None)  # watchdog >= 7's inotify reader
+        if isinstance(reader, threading.Thread):
+            reader.name = "dump-inotify"
 
     def rearm(self) -> bool:
         """Watch the dump area again if it was removed (and recreate it) or replaced.
@@ -122,6 +134,7 @@ class DumpWatcher:
             return False
         self._observer.unschedule_all()
         self._schedule()
+        self._name_threads()
         return True
 
     def _schedule(self) -> None:

@@ -39,6 +39,7 @@ from eagle3proto.wire import FrameBuffer
 
 from .. import faults
 from ..config import default_aux_layers
+from ..threadnames import name_threads
 
 _enc = msgspec.msgpack.Encoder()
 _out_lock = threading.Lock()
@@ -350,9 +351,10 @@ class Worker:
             return rids, [self.pending.pop(r) for r in rids]
 
     def run(self) -> None:
-        threading.Thread(target=self.read_stdin, daemon=True).start()
-        writer = threading.Thread(target=self.write_loop, daemon=True)
+        threading.Thread(target=self.read_stdin, name="reader", daemon=True).start()
+        writer = threading.Thread(target=self.write_loop, name="dump-writer", daemon=True)
         writer.start()
+        name_threads()
         while (batch := self.next_rids()) is not None:
             self.run_batch(*batch)
         self.writes.put(None)

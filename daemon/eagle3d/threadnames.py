@@ -1,0 +1,49 @@
+"""Kernel names for this process's Python threads.
+
+CPython (before 3.14) leaves every thread with the executable's name, so ``top -H``,
+``ps -L``, ``perf`` and ``/proc`` show a dozen ``python`` threads and cannot tell the commit
+threads from the feeder, the journal flusher or watchdog's observer. A process may set any of
+its own threads' names through ``/proc/self/task/TID/comm``, so one call names every thread
+alive, those that libraries start included, without wrapping their targets. The main thread
+keeps the process's name.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+
+#: The kernel's limit on a thread name, in bytes (``TASK_COMM_LEN`` less the NUL).
+COMM_LEN = 15
+
+_named: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
+
+
+def kernel_name(name: str) -> str:
+    """``name`` as the kernel will keep it: ASCII, at most :data:`COMM_LEN` bytes.
+
+    ``concurrent.futures`` names its threads ``ThreadPoolExecutor-N_M`` unless given a
+    prefix; the counters are what tells them apart, so they are what is kept.
+    """
+    if name.startswith("ThreadPoolExecutor-"):
+        name = "pool-" + name.removeprefix("ThreadPoolExecutor-")
+    return name.encode("ascii", "replace").decode("ascii")[:COMM_LEN]
+
+
+def name_threads() -> int:
+    """Give every live thread of this process, except the main one, its Python name as its
+    kernel name, once; returns how many were named now. Threads that ended meanwhile, and
+    systems without ``/proc``, are skipped."""
+    named = 0
+    main = threading.main_thread()
+    for t in threading.enumerate():
+        if t is main or t in _named or t.native_id is None:
+            continue
+        try:
+            with open(f"/proc/self/task/{t.native_id}/comm", "w") as f:
+                f.write(kernel_name(t.name))
+        except OSError:
+            continue
+        _named.add(t)
+        named += 1
+    return named
