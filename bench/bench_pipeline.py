@@ -130,7 +130,7 @@ class RssSampler:
         self._t.join()
 
 
-def run_daemon(model: Path, dataset: str, out: Path, *extra: str) -> dict[str, float]:
+def run_daemon(model: Path, dataset: str, out: Path, *extra: str) -> dict[str, Any]:
     """Run ``eagle3d run`` on a fresh ``out``; rates over the working span (first send ..
     finish) from the journal. A previous run's output is removed first: resuming it would be
     a no-op, not a measurement."""
@@ -656,8 +656,8 @@ def main() -> int:
             shutil.rmtree(base, ignore_errors=True)
     if args.markdown:
         print("| measurement | result | baseline (same run) | ratio |\n|---|---|---|---|")
-    for r in rows:
-        print(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} |" if args.markdown else "  ".join(r))
+    for row in rows:
+        print(f"| {' | '.join(row)} |" if args.markdown else "  ".join(row))
     return 0
 
 

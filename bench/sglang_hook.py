@@ -67,14 +67,16 @@ def main() -> None:
             return time.perf_counter() - t
 
         forward(bare, -1), forward(hooked, -1)  # warm-up
-        cap.writer.drain()  # type: ignore[union-attr]
+        writer = cap.writer
+        assert writer is not None  # the first capture started it
+        writer.drain()
         inside.clear()
         t_bare, t_hooked = [], []
         for k in range(a.forwards):  # interleaved, so load changes hit both alike
             t_bare.append(forward(bare, k))
             t_hooked.append(forward(hooked, k))
         t0 = time.perf_counter()
-        cap.writer.drain()  # type: ignore[union-attr]
+        writer.drain()
         tail = time.perf_counter() - t0
         written = cap.assembler.written
         mb = sum(os.path.getsize(os.path.join(dumps, f)) for f in os.listdir(dumps)) / 1e6
