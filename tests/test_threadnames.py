@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from eagle3d.threadnames import COMM_LEN, kernel_name, name_threads
+from eagle3d.threadnames import COMM_LEN, kernel_name, name_this_thread, name_threads
 
 
 def _comm(tid: int | None) -> str:
@@ -36,3 +36,18 @@ def test_kernel_names_are_ascii_and_fit_the_kernel_limit() -> None:
     assert kernel_name("feeder") == "feeder"
     assert len(kernel_name("x" * 40)) == COMM_LEN
     assert kernel_name("jörnal") == "j?rnal"
+
+
+def test_a_thread_can_name_itself_and_no_other() -> None:
+    main_before = _comm(threading.main_thread().native_id)
+    got: list[tuple[bool, str]] = []
+
+    def run() -> None:
+        ok = name_this_thread("e3d-dump-writer")
+        got.append((ok, _comm(threading.get_native_id())))
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    assert got == [(True, "e3d-dump-writer")]
+    assert _comm(threading.main_thread().native_id) == main_before

@@ -261,6 +261,9 @@ class Writer:
         self.queue.join()
 
     def _run(self) -> None:
+        from eagle3d.threadnames import name_this_thread
+
+        name_this_thread("e3d-dump-writer")  # what top -H shows among the server's threads
         while True:
             batch = self.queue.get()
             try:

@@ -5,7 +5,8 @@ CPython (before 3.14) leaves every thread with the executable's name, so ``top -
 threads from the feeder, the journal flusher or watchdog's observer. A process may set any of
 its own threads' names through ``/proc/self/task/TID/comm``, so one call names every thread
 alive, those that libraries start included, without wrapping their targets. The main thread
-keeps the process's name.
+keeps the process's name. In a process that is not ours (the SGLang server that loads the
+capture hook), :func:`name_this_thread` names only the calling thread.
 """
 
 from __future__ import annotations
@@ -47,3 +48,15 @@ def name_threads() -> int:
         _named.add(t)
         named += 1
     return named
+
+
+def name_this_thread(name: str) -> bool:
+    """Set the calling thread's kernel name to ``name`` (cut as :func:`kernel_name` cuts);
+    whether it took. For our own thread inside another program's process, whose other
+    threads are not ours to rename."""
+    try:
+        with open(f"/proc/self/task/{threading.get_native_id()}/comm", "w") as f:
+            f.write(kernel_name(name))
+    except OSError:
+        return False
+    return True
