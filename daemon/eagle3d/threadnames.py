@@ -31,6 +31,17 @@ def kernel_name(name: str) -> str:
     return name.encode("ascii", "replace").decode("ascii")[:COMM_LEN]
 
 
+def _set(tid: int, name: str) -> bool:
+    """Set thread ``tid``'s (of this process) kernel name; False if it ended or there is no
+    ``/proc``."""
+    try:
+        with open(f"/proc/self/task/{tid}/comm", "w") as f:
+            f.write(kernel_name(name))
+    except OSError:
+        return False
+    return True
+
+
 def name_threads() -> int:
     """Give every live thread of this process, except the main one, its Python name as its
     kernel name, once; returns how many were named now. Threads that ended meanwhile, and
@@ -38,12 +49,7 @@ def name_threads() -> int:
     named = 0
     main = threading.main_thread()
     for t in threading.enumerate():
-        if t is main or t in _named or t.native_id is None:
-            continue
-        try:
-            with open(f"/proc/self/task/{t.native_id}/comm", "w") as f:
-                f.write(kernel_name(t.name))
-        except OSError:
+        if t is main or t in _named or t.native_id is None or not _set(t.native_id, t.name):
             continue
         _named.add(t)
         named += 1
@@ -54,9 +60,4 @@ def name_this_thread(name: str) -> bool:
     """Set the calling thread's kernel name to ``name`` (cut as :func:`kernel_name` cuts);
     whether it took. For our own thread inside another program's process, whose other
     threads are not ours to rename."""
-    try:
-        with open(f"/proc/self/task/{threading.get_native_id()}/comm", "w") as f:
-            f.write(kernel_name(name))
-    except OSError:
-        return False
-    return True
+    return _set(threading.get_native_id(), name)
