@@ -27,6 +27,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -130,10 +131,26 @@ class RssSampler:
         self._t.join()
 
 
-def run_daemon(model: Path, dataset: str, out: Path, *extra: str) -> dict[str, Any]:
+def daemon_layout(model: Path, device: str = "cpu") -> tuple[int, int]:
+    """The daemon's automatic worker layout (workers, torch threads each), computed as it
+    computes it."""
+    return worker_layout(
+        0,
+        0,
+        gpus=visible_gpus(device),
+        cpus=usable_cpus(),
+        model_bytes=model_weight_bytes(str(model)),
+        mem_available=psutil.virtual_memory().available,
+    )
+
+
+def run_daemon(
+    model: Path, dataset: str, out: Path, *extra: str, watch: Callable[[int], Any] | None = None
+) -> dict[str, Any]:
     """Run ``eagle3d run`` on a fresh ``out``; rates over the working span (first send ..
-    finish) from the journal. A previous run's output is removed first: resuming it would be
-    a no-op, not a measurement."""
+    finish, also returned as ``first`` and ``end``) from the journal. A previous run's output
+    is removed first: resuming it would be a no-op, not a measurement. ``watch(pid)``, if
+    given, starts a sampler of the daemon's process with a ``stop()`` called once it ended."""
     for stale in (out, Path(str(out) + "-dumps")):
         shutil.rmtree(stale, ignore_errors=True)
     # The previous round's deletions are flushed before the clock starts: on a disk mounted
@@ -154,8 +171,11 @@ def run_daemon(model: Path, dataset: str, out: Path, *extra: str) -> dict[str, A
         cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )
     rss = RssSampler(proc.pid)
+    watcher = watch(proc.pid) if watch is not None else None
     _, err = proc.communicate()
     rss.stop()
+    if watcher is not None:
+        watcher.stop()
     wall = time.monotonic() - t0
     os.sync()  # and this run's leftovers before the bare loop that follows is timed
     if proc.returncode != 0:
@@ -181,6 +201,8 @@ def run_daemon(model: Path, dataset: str, out: Path, *extra: str) -> dict[str, A
         "samples": len(saved),
         "tokens": sum(e.tokens for e in saved),
         "bytes": sum(e.bytes for e in saved),
+        "first": first,
+        "end": end,
         "span": span,
         "wall": wall,
         "samples_s": len(saved) / span,
@@ -477,14 +499,7 @@ def main() -> int:
             samples = encoded_samples(fwd_model, data)
             # The daemon's automatic worker layout, computed as it computes it, so that each
             # worker gets a window of WINDOW requests and the bare loop can copy the layout.
-            workers, threads = worker_layout(
-                0,
-                0,
-                gpus=visible_gpus(args.device),
-                cpus=usable_cpus(),
-                model_bytes=model_weight_bytes(str(fwd_model)),
-                mem_available=psutil.virtual_memory().available,
-            )
+            workers, threads = daemon_layout(fwd_model, args.device)
             daemon_args = [
                 *("--batch-tokens", str(args.batch_tokens)),
                 *("--concurrency", str(WINDOW * workers)),

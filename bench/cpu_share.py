@@ -21,22 +21,20 @@ import argparse
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 import psutil
-from eagle3proto import events as ev
-from eagle3proto import paths
-from eagle3proto.journal import iter_events
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_pipeline as bp
 
 TICK = os.sysconf("SC_CLK_TCK")
 Key = tuple[str, str]  # (process role, thread name)
+Snapshot = tuple[float, tuple[float, float], dict[tuple[int, int], tuple[Key, float]]]
 
 
 def _threads(pid: int, role: str, into: dict[tuple[int, int], tuple[Key, float]]) -> None:
@@ -61,55 +59,62 @@ def _idle_busy() -> tuple[float, float]:
     return idle / TICK, (sum(cpu) - idle) / TICK
 
 
-def layout(model: Path) -> tuple[int, int]:
-    """The daemon's automatic CPU layout (workers, threads each), as it computes it."""
-    return bp.worker_layout(
-        0, 0, gpus=0, cpus=bp.usable_cpus(), model_bytes=bp.model_weight_bytes(str(model)),
-        mem_available=psutil.virtual_memory().available,
-    )  # fmt: skip
+class ThreadSampler:
+    """Snapshots of every thread's CPU time in the daemon and its workers, and of the
+    machine's idle and busy time, every 0.2 s (its own CPU counts as "other": a slow poll
+    keeps it small)."""
+
+    def __init__(self, pid: int) -> None:
+        self.daemon = psutil.Process(pid)
+        self.snaps: list[Snapshot] = []
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _run(self) -> None:
+        while True:
+            snap: dict[tuple[int, int], tuple[Key, float]] = {}
+            try:
+                _threads(self.daemon.pid, "daemon", snap)
+                for child in self.daemon.children(recursive=True):
+                    _threads(child.pid, "worker", snap)
+            except (OSError, psutil.Error):
+                pass
+            self.snaps.append((time.time(), _idle_busy(), snap))
+            if self._stop.wait(0.2):
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._t.join()
 
 
-def sampled_run(model: Path, out: Path) -> tuple[dict[Key, float], float, int, float]:
+def sampled_run(model: Path, out: Path, workers: int) -> tuple[dict[Key, float], float, int, float]:
     """Run the daemon; CPU-seconds per (role, thread) over the working span (with the rest
     of the machine's busy time as ``("other", ...)``), the span, the tokens saved, and the
     machine's idle CPU-seconds in it."""
-    for stale in (out, Path(str(out) + "-dumps")):
-        shutil.rmtree(stale, ignore_errors=True)
-    os.sync()
-    cmd = [sys.executable, "-m", "eagle3d", "run", "--model", str(model), "--dataset", bp.DEMO,
-           "--output", str(out), "--dump-dir", f"{out}-dumps", "--socket", f"{out}.sock",
-           "--batch-tokens", str(bp.BATCH_TOKENS), "--concurrency", str(bp.WINDOW * layout(model)[0]),
-           "--device", "cpu", "--dtype", "float32"]  # fmt: skip
-    proc = subprocess.Popen(cmd, env=bp.ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    daemon = psutil.Process(proc.pid)
-    snaps: list[tuple[float, tuple[float, float], dict[tuple[int, int], tuple[Key, float]]]] = []
-    while proc.poll() is None:
-        snap: dict[tuple[int, int], tuple[Key, float]] = {}
-        try:
-            _threads(proc.pid, "daemon", snap)
-            for child in daemon.children(recursive=True):
-                _threads(child.pid, "worker", snap)
-        except (OSError, psutil.Error):
-            pass
-        snaps.append((time.time(), _idle_busy(), snap))
-        time.sleep(0.2)  # its own CPU counts as "other": a slow poll keeps it small
-    _, err = proc.communicate()
-    if proc.returncode != 0:
-        raise RuntimeError(f"eagle3d run failed ({proc.returncode}): {err[-2000:]!r}")
-    evs, _ = iter_events(paths.journal_dir(str(out), paths.Shard()))
-    first = next(e.ts for e in evs if isinstance(e, ev.SampleSent))
-    end = next(e.ts for e in reversed(evs) if isinstance(e, ev.RunFinished))
-    tokens = sum(e.tokens for e in evs if isinstance(e, ev.SampleSaved))
-    a = min(snaps, key=lambda s: abs(s[0] - first))
+    samplers: list[ThreadSampler] = []
+
+    def watch(pid: int) -> ThreadSampler:
+        samplers.append(ThreadSampler(pid))
+        return samplers[-1]
+
+    d = bp.run_daemon(
+        model, bp.DEMO, out, "--batch-tokens", str(bp.BATCH_TOKENS),
+        "--concurrency", str(bp.WINDOW * workers), "--device", "cpu", "--dtype", "float32",
+        watch=watch,
+    )  # fmt: skip
+    snaps = samplers[0].snaps
+    a = min(snaps, key=lambda s: abs(s[0] - d["first"]))
     # The last sample before the exit: threads that end with the process leave /proc after.
-    b = min((s for s in snaps if s[0] <= end + 0.05), key=lambda s: abs(s[0] - end))
+    b = min((s for s in snaps if s[0] <= d["end"] + 0.05), key=lambda s: abs(s[0] - d["end"]))
     cpu: dict[Key, float] = {}
     for tid, (key, t) in b[2].items():
         before = a[2].get(tid, (key, 0.0))[1]
         cpu[key] = cpu.get(key, 0.0) + t - before
     busy = b[1][1] - a[1][1]
     cpu[("other", "processes, kernel threads, interrupts")] = busy - sum(cpu.values())
-    return cpu, b[0] - a[0], tokens, b[1][0] - a[1][0]
+    return cpu, b[0] - a[0], int(d["tokens"]), b[1][0] - a[1][0]
 
 
 def main() -> int:
@@ -122,12 +127,12 @@ def main() -> int:
     base.mkdir(parents=True, exist_ok=True)
     ncpu = bp.usable_cpus()
     model = bp.build_model(base)
-    workers, threads = layout(model)
+    workers, threads = bp.daemon_layout(model)
     shares: dict[Key, list[float]] = {}
     idle, efficiency, ratio = [], [], []
     try:
         for k in range(args.rounds):
-            cpu, span, tokens, idle_s = sampled_run(model, base / "out")
+            cpu, span, tokens, idle_s = sampled_run(model, base / "out", workers)
             machine = span * ncpu
             for key, s in cpu.items():
                 shares.setdefault(key, []).append(s / machine)
