@@ -128,3 +128,14 @@ def wait_for_saved(output: Path, n: int, proc: subprocess.Popen[str], timeout: f
                 return
         time.sleep(0.05)
     raise AssertionError(f"fewer than {n} samples saved in {timeout} s (exit {proc.poll()})")
+
+
+def thread_names(pid: int) -> set[str]:
+    """The kernel names of process ``pid``'s live threads (what ``top -H`` shows)."""
+    names = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            names.add((task / "comm").read_text().strip())
+        except OSError:  # the thread ended meanwhile
+            continue
+    return names

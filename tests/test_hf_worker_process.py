@@ -17,6 +17,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from daemon_harness import thread_names
 from eagle3proto.codec import encode_frame
 from eagle3proto.wire import FrameBuffer
 
@@ -148,7 +149,7 @@ def test_written_follows_each_batch_once_its_dumps_are_in_the_dump_area(
                 break
         assert written == {f"r{i}" for i in range(6)}
         # Its threads carry their roles where top -H and ps -L look (eagle3d.threadnames).
-        names = {(t / "comm").read_text().strip() for t in Path(f"/proc/{proc.pid}/task").iterdir()}
+        names = thread_names(proc.pid)
         assert {"reader", "dump-writer"} <= names, names
     finally:
         assert proc.stdin is not None

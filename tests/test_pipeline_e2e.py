@@ -11,7 +11,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from daemon_harness import ENV, conversations, events, run, start, wait_for_saved, write_jsonl
+from daemon_harness import (
+    ENV,
+    conversations,
+    events,
+    run,
+    start,
+    thread_names,
+    wait_for_saved,
+    write_jsonl,
+)
 from eagle3proto import events as ev
 from eagle3proto import paths
 
@@ -268,11 +277,7 @@ def test_the_daemons_threads_carry_their_roles_for_top_and_ps(
         deadline = time.monotonic() + 30
         while not want <= names and time.monotonic() < deadline:
             time.sleep(0.2)  # commit threads start with the first commit, named at a tick
-            names = {
-                (t / "comm").read_text().strip()
-                for t in Path(f"/proc/{proc.pid}/task").iterdir()
-                if (t / "comm").exists()
-            }
+            names = thread_names(proc.pid)
         assert proc.poll() is None
     finally:
         proc.terminate()
