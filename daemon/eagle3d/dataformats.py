@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import gzip
 import io
-import mmap
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -143,16 +142,10 @@ def _parquet_columns(path: str) -> tuple[str, ...]:
 def _array(path: str) -> list[msgspec.Raw]:
     """A JSON array file's elements, each kept as its raw bytes (decoded one by one later)."""
     with open(path, "rb") as f:
-        if os.fstat(f.fileno()).st_size == 0:
-            return []
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-            data = memoryview(m)
-            try:
-                body = data[3:] if data[:3] == _BOM else data
-                items = msgspec.json.decode(body, type=list[msgspec.Raw])
-                return [msgspec.Raw(bytes(r)) for r in items]  # nothing may point into the map
-            finally:
-                data.release()
+        data = f.read()
+    if not data.strip():
+        return []
+    return msgspec.json.decode(data.removeprefix(_BOM), type=list[msgspec.Raw])
 
 
 def count(path: str, fmt: Format) -> tuple[int, list[int]]:

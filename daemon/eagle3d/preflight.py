@@ -46,21 +46,19 @@ def check_model(model: str) -> None:
 
 def check_dataset(dataset: str) -> str:
     """The dataset is a file of a format eagle3d reads; returns the format's name."""
-    from .dataformats import DatasetError, detect
+    from .dataformats import HINT, DatasetError, detect
 
     if os.path.isdir(dataset):
-        raise Fatal(EXIT_INPUT, f"dataset {dataset}: is a directory; {_FORMATS_HINT}")
+        raise Fatal(EXIT_INPUT, f"dataset {dataset}: is a directory; give one file: {HINT}")
     if not os.path.isfile(dataset):
         raise Fatal(EXIT_INPUT, f"dataset {dataset}: not found")
     try:
         return detect(dataset).name
     except DatasetError as e:
-        raise Fatal(EXIT_INPUT, f"dataset {dataset}: {e}") from e
+        hint = "" if HINT in str(e) else f"; {HINT}"
+        raise Fatal(EXIT_INPUT, f"dataset {dataset}: {e}{hint}") from e
     except OSError as e:
         raise Fatal(EXIT_INPUT, f"dataset {dataset}: unreadable ({e.strerror})") from e
-
-
-_FORMATS_HINT = "give one file: JSONL (.jsonl, .jsonl.gz, .jsonl.zst), a JSON array, or parquet"
 
 
 def check_layout(output: str, shard: Shard) -> None:
