@@ -40,9 +40,10 @@ def test_env_errnos() -> None:
 def test_a_pause_reason_names_the_errno_and_the_place() -> None:
     r = EnvFault(OUTPUT, "/data/hs/rows_0-2000", errno.EACCES, "commit of sample 4").reason
     assert r.startswith("permission denied (EACCES) writing to the output /data/hs/rows_0-2000")
-    assert "disk full (ENOSPC) writing to the dump area /dev/shm/x" in EnvFault(
-        DUMPS, "/dev/shm/x", errno.ENOSPC
-    ).reason
+    assert (
+        "disk full (ENOSPC) writing to the dump area /dev/shm/x"
+        in EnvFault(DUMPS, "/dev/shm/x", errno.ENOSPC).reason
+    )
     assert "(EROFS)" in EnvFault(OUTPUT, "/o", errno.EROFS).reason
     assert "I/O error (EIO)" in EnvFault(OUTPUT, "/o", errno.EIO).reason
 

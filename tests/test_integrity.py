@@ -47,6 +47,10 @@ def slow_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return Path(build_tiny_model(tmp_path_factory.mktemp("slow-model"), layers=8, hidden=256))
 
 
+#: A small window, so that a stop finds work both in flight and still to send.
+SMALL = ("--max-failed-fraction", "0.1", "--concurrency", "4", "--batch-tokens", "1024")
+
+
 def _burnt(out: Path, malformed: set[int]) -> list[dict[str, object]]:
     """Samples recorded failed for good that are not malformed lines."""
     return [
@@ -97,7 +101,7 @@ class Terminal:
 def test_ctrl_c_in_a_terminal_fails_no_sample(slow_model_dir: Path, tmp_path: Path) -> None:
     data, out, log = tmp_path / "data.jsonl", tmp_path / "out", tmp_path / "log"
     valid, malformed = runkit.dataset(data, 60)
-    args = [*runkit.run_args(slow_model_dir, data, out), "--max-failed-fraction", "0.1"]
+    args = [*runkit.run_args(slow_model_dir, data, out), *SMALL]
     cmd = subprocess.list2cmdline(args)
     exitf = tmp_path / "exit"
     env = " ".join(f"{k}={v}" for k, v in (("HF_HUB_OFFLINE", "1"), ("PYTHONUNBUFFERED", "1")))
@@ -118,13 +122,13 @@ def test_ctrl_c_in_a_terminal_fails_no_sample(slow_model_dir: Path, tmp_path: Pa
     assert not c.bad and not c.finished and len(c.saved) < len(valid), c.bad
     last = log.read_text().strip().splitlines()[-1]
     assert "stopped (signal SIGINT): saved" in last and "left; resumable" in last, last
-    r = runkit.run(slow_model_dir, data, out, "--max-failed-fraction", "0.1", timeout=300)
+    r = runkit.run(slow_model_dir, data, out, *SMALL, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     runkit.assert_complete(out, valid, malformed)
 
 
 def _stop_group_mid_run(model: Path, data: Path, out: Path, log: Path) -> None:
-    proc = runkit.start(model, data, out, "--max-failed-fraction", "0.1", log=log)
+    proc = runkit.start(model, data, out, *SMALL, log=log)
     with runkit.reaped(proc):
         runkit.wait_for(lambda: runkit.records(out, "sample_saved"), 120, "a saved sample")
         # What scancel, kill -- -PGID and a container stop do: every process of the group.
@@ -159,10 +163,12 @@ def test_sigterm_to_the_process_group_fails_no_sample(slow_model_dir: Path, tmp_
             j.append(ev.SampleFailed(idx=idx, error=error, message=message, attempt=1))
     assert set(pending) <= runkit.check(out).failed
 
-    r = runkit.run(slow_model_dir, data, out, "--max-failed-fraction", "0.1", timeout=300)
+    r = runkit.run(slow_model_dir, data, out, *SMALL, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "are retried" in r.stderr
-    reopened = [r for r in runkit.records(out, "sample_failed") if "retried:" in str(r.get("message"))]
+    reopened = [
+        r for r in runkit.records(out, "sample_failed") if "retried:" in str(r.get("message"))
+    ]
     assert {r["idx"] for r in reopened} == set(pending)
     runkit.assert_complete(out, valid, malformed)
     top = _once(out)
@@ -206,14 +212,16 @@ def tmpfs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
 def _fill(directory: Path) -> Path:
     """Take every free byte of ``directory``'s filesystem with one file."""
     filler = directory / "filler"
-    with open(filler, "wb") as f:
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
         block = b"\0" * 65536
         while block:
             try:
-                f.write(block)
-                f.flush()
+                os.write(fd, block)
             except OSError:
                 block = block[: len(block) // 2]
+    finally:
+        os.close(fd)
     return filler
 
 
@@ -268,7 +276,7 @@ def _without_dac_override(args: list[str]) -> list[str]:
 def test_an_unwritable_output_pauses_and_resumes(slow_model_dir: Path, tmp_path: Path) -> None:
     data, out, log = tmp_path / "data.jsonl", tmp_path / "out", tmp_path / "log"
     valid, malformed = runkit.dataset(data, 60)
-    args = [*runkit.run_args(slow_model_dir, data, out), "--max-failed-fraction", "0.1"]
+    args = [*runkit.run_args(slow_model_dir, data, out), *SMALL]
     with open(log, "wb") as logf:
         proc = subprocess.Popen(
             _without_dac_override(args), stdout=logf, stderr=subprocess.STDOUT,
@@ -312,7 +320,7 @@ def test_an_output_removed_or_moved_stops_at_once(
     data, out, log = tmp_path / "data.jsonl", tmp_path / "out", tmp_path / "log"
     valid, malformed = runkit.dataset(data, 60)
     moved = tmp_path / "moved"
-    proc = runkit.start(slow_model_dir, data, out, "--max-failed-fraction", "0.1", log=log)
+    proc = runkit.start(slow_model_dir, data, out, *SMALL, log=log)
     with runkit.reaped(proc):
         runkit.wait_for(lambda: runkit.records(out, "sample_saved"), 120, "a saved sample")
         if how == "removed":
@@ -321,8 +329,10 @@ def test_an_output_removed_or_moved_stops_at_once(
             out.rename(moved)
         assert runkit.exit_code(proc, 60, log) == 4, _tail(log)
     text = log.read_text()
-    assert f"the output directory {out} was {'removed' if how == 'removed' else 'moved away'}" in text
-    assert "finished" not in text.split(f"the output directory {out}")[-1]
+    assert (
+        f"the output directory {out} was {'removed' if how == 'removed' else 'moved away'}" in text
+    )
+    assert "finished: saved" not in text and "the run is not finished" in text
     assert not out.exists(), "nothing may be made again at the old path"
     if how == "removed":
         return
@@ -332,7 +342,7 @@ def test_an_output_removed_or_moved_stops_at_once(
     top = _once(moved)
     assert "FINISHED" not in top.stdout and top.returncode != 0, top.stdout
     moved.rename(out)  # put back where it was: the same command resumes exactly
-    r = runkit.run(slow_model_dir, data, out, "--max-failed-fraction", "0.1", timeout=300)
+    r = runkit.run(slow_model_dir, data, out, *SMALL, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     runkit.assert_complete(out, valid, malformed)
 
@@ -341,7 +351,9 @@ def test_an_output_removed_or_moved_stops_at_once(
 
 
 def _tree(out: Path) -> dict[str, int]:
-    return {str(p.relative_to(out)): p.stat().st_size for p in sorted(out.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(out)): p.stat().st_size for p in sorted(out.rglob("*")) if p.is_file()
+    }
 
 
 def test_a_different_shard_count_is_refused_live_or_finished(
@@ -411,7 +423,9 @@ def test_datasets_in_other_formats(fmt: str, tiny_model_dir: Path, tmp_path: Pat
     args = runkit.run_args(tiny_model_dir, data, out)
     at = args.index("--dump-dir")
     del args[at : at + 2]  # the default per-job dump folder: removed at the end of the run
-    r = subprocess.run(args, capture_output=True, text=True, timeout=180, env=runkit.env_without_faults())
+    r = subprocess.run(
+        args, capture_output=True, text=True, timeout=180, env=runkit.env_without_faults()
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     blank = fmt.startswith("jsonl")
     want = set(range(13)) - {5} if blank else set(range(12))  # ids are row numbers
@@ -453,7 +467,9 @@ def test_unreadable_datasets_are_refused_before_the_run(
 # -- "finished" means something --------------------------------------------------------------
 
 
-def test_a_run_where_every_sample_failed_is_no_success(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_a_run_where_every_sample_failed_is_no_success(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
     data, out = tmp_path / "data.jsonl", tmp_path / "out"
     data.write_text("".join(f'{{"broken": {i}\n' for i in range(6)))
     r = runkit.run(tiny_model_dir, data, out)

@@ -8,8 +8,8 @@ Policy (monitoring-plugins convention, so ``--once`` doubles as a health check):
   5 minutes failed for good ("failures rising"), the rest of the job is projected not
   to fit on disk, or a run finished with more failures than its ``--max-failed-fraction``;
 * **2 CRITICAL** - a daemon is down with work left (crashed: no lock holder, no socket),
-  a run failed (stopped with a non-zero exit code), the output filesystem is full, or a run
-  finished with every sample failed;
+  a run failed (stopped with a non-zero exit code), the output filesystem is full, the run
+  is paused on a full or unwritable disk, or a run finished with every sample failed;
 * **3 UNKNOWN** - nothing to judge: no socket and no journal found (or a host unreachable).
 
 When several apply the most severe wins in the order 2, 1, 3, 0.
@@ -28,6 +28,7 @@ OK, WARNING, CRITICAL, UNKNOWN = 0, 1, 2, 3
 #: "Failures rising": more than this share of the samples finished in the window failed.
 FAILURE_WINDOW_S = 300.0
 FAILURE_SHARE = 0.01
+_DISK_WORDS = ("disk", "permission denied", "read-only", "i/o error")
 
 EXIT_CODES_HELP = """\
 exit codes (--once):
@@ -36,8 +37,8 @@ exit codes (--once):
      cleanly with work left, >1% of the samples of the last 5 min failed, disk
      projected to run out, or finished with more failed than --max-failed-fraction
   2  CRITICAL: daemon down with work left (no lock holder and no socket), run failed
-     (stopped with a non-zero exit code), output filesystem full, or finished with
-     every sample failed
+     (stopped with a non-zero exit code), output filesystem full, paused on a full or
+     unwritable disk, or finished with every sample failed
   3  UNKNOWN: no socket and no journal found (or a remote host unreachable)
 """
 
@@ -82,7 +83,10 @@ class Report:
         elif h.state == "stopped":
             (self.critical if s.stop_code else self.warnings).append(f"{who}: {h.reason}")
         elif h.state == "stalled":
-            bucket = self.critical if "disk" in h.reason.lower() else self.warnings
+            # Paused on a full or unwritable disk (the daemon's reason names it): critical.
+            bucket = (
+                self.critical if any(w in h.reason.lower() for w in _DISK_WORDS) else self.warnings
+            )
             bucket.append(f"{who}: stalled: {h.reason}")
         if h.state in ("running", "stalled"):
             failed, done = recent_failures(s, now)
