@@ -424,8 +424,11 @@ class CrashLoop:
             sys.executable, "-m", "eagle3d", "run", "--model", self.model,
             "--dataset", self.dataset, "--output", output,
             "--dump-dir", output + ".dumps", "--socket", output + ".sock",
+            *self.args.daemon_arg,
         ]  # fmt: skip
         env = {k: v for k, v in os.environ.items() if k != "EAGLE3D_FAULT"}
+        if self.args.fault:
+            env["EAGLE3D_FAULT"] = self.args.fault
         self.s.runs += 1
         with open(logpath, "wb") as logf:
             return subprocess.Popen(
@@ -684,6 +687,15 @@ def main(argv: list[str] | None = None) -> int:
         "drain and exit 0, and no valid sample may fail",
     )
     p.add_argument("--drain-timeout", type=float, default=120.0, help="for a signalled daemon")
+    p.add_argument(
+        "--daemon-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="one more argument for eagle3d run (repeat: --daemon-arg=--batch-tokens "
+        "--daemon-arg=512)",
+    )
+    p.add_argument("--fault", default="", help="EAGLE3D_FAULT for every run (worker_slow:MS)")
     p.add_argument("--run-timeout", type=float, default=600.0)
     p.add_argument("--keep", action="store_true", help="keep each round's output")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")

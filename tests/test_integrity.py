@@ -247,7 +247,7 @@ def test_a_full_dump_area_pauses_and_never_burns_samples(
             60,
             "a run_state paused record",
         )
-        paused = [r for r in runkit.records(out, "run_state") if r.get("state") == "paused"][0]
+        paused = next(r for r in runkit.records(out, "run_state") if r.get("state") == "paused")
         assert "(ENOSPC) writing to the dump area" in paused["reason"], paused
         time.sleep(3)
         assert proc.poll() is None, _tail(log)
@@ -485,7 +485,7 @@ def test_a_run_where_every_sample_failed_is_no_success(
 
 def test_failures_over_the_threshold_exit_9_and_warn(tiny_model_dir: Path, tmp_path: Path) -> None:
     data, out = tmp_path / "data.jsonl", tmp_path / "out"
-    valid, malformed = runkit.dataset(data, 10)  # 3 of 13 malformed: 23 %
+    runkit.dataset(data, 10)  # 3 of 13 malformed: 23 %
     r = runkit.run(tiny_model_dir, data, out, "--max-failed-fraction", "0.05")
     assert r.returncode == 9, r.stderr[-2000:]
     assert "too many samples failed" in r.stderr

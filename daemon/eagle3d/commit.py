@@ -203,6 +203,7 @@ class Committer:
 
     def __init__(self, output: str, direct: bool = True) -> None:
         self.output = output
+        os.makedirs(output, exist_ok=True)  # here, once: never again under a running job
         # Samples are written with O_DIRECT where the filesystem allows it (see
         # ckpt.write_direct); the first refusal switches to buffered writes for good.
         self.direct = direct

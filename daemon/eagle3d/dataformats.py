@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import gzip
 import io
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO, Any
