@@ -212,7 +212,7 @@ def tmpfs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
 def _fill(directory: Path) -> Path:
     """Take every free byte of ``directory``'s filesystem with one file."""
     filler = directory / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o644)
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
         block = b"\0" * 65536
         while block:
@@ -242,11 +242,12 @@ def test_a_full_dump_area_pauses_and_never_burns_samples(
     with runkit.reaped(proc):
         runkit.wait_for(lambda: len(runkit.records(out, "sample_saved")) >= 5, 120, "5 saves")
         filler = _fill(dumps)
-        runkit.wait_for(
-            lambda: any(r.get("state") == "paused" for r in runkit.records(out, "run_state")),
-            60,
-            "a run_state paused record",
-        )
+
+        def paused_yet() -> bool:
+            _fill(dumps)  # and what the daemon's commits free meanwhile, until a dump fails
+            return any(r.get("state") == "paused" for r in runkit.records(out, "run_state"))
+
+        runkit.wait_for(paused_yet, 60, "a run_state paused record", step=0.05)
         paused = next(r for r in runkit.records(out, "run_state") if r.get("state") == "paused")
         assert "(ENOSPC) writing to the dump area" in paused["reason"], paused
         time.sleep(3)
