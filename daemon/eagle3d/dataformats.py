@@ -69,7 +69,7 @@ def detect(path: str) -> Format:
             try:
                 msgspec.json.decode(first)
             except msgspec.DecodeError:
-                raise DatasetError(f"starts like a JSON array but is no valid JSON ({e})") from None
+                raise DatasetError(f"starts like a JSON array but is not valid JSON ({e})") from None
             return Format("jsonl")  # JSONL whose first line happens to be an array
         return Format("json")
     return _check_text(Format("jsonl"), head)
@@ -101,7 +101,7 @@ def _peek(path: str, name: str) -> bytes:
     except DatasetError:
         raise
     except Exception as e:  # gzip's OSError/EOFError, zstandard's ZstdError
-        kind = name.split(".")[-1]
+        kind = {"jsonl.gz": "gzip", "jsonl.zst": "zstandard"}[name]
         raise DatasetError(f"a {kind} file that does not decompress ({e})") from e
 
 
