@@ -69,7 +69,9 @@ def detect(path: str) -> Format:
             try:
                 msgspec.json.decode(first)
             except msgspec.DecodeError:
-                raise DatasetError(f"starts like a JSON array but is not valid JSON ({e})") from None
+                raise DatasetError(
+                    f"starts like a JSON array but is not valid JSON ({e})"
+                ) from None
             return Format("jsonl")  # JSONL whose first line happens to be an array
         return Format("json")
     return _check_text(Format("jsonl"), head)
