@@ -6,6 +6,11 @@ hundred lines), kills it with SIGKILL after a seeded random delay, checks the ou
 outside, and starts it again: ``--kills N`` times, then it lets the job finish. When a job
 finishes before the kills are used up, a fresh output directory starts the next *round*.
 
+With ``--signal-fraction F``, that share of the kills is instead a SIGINT or a SIGTERM to the
+daemon's whole process group (its workers included), as a terminal's Ctrl-C, Slurm's
+``scancel`` or a container stop deliver them: the daemon must drain and exit 0 by itself,
+and no sample may be *burnt* (recorded failed for good although its line is valid).
+
 The checks use their **own reader** (``msgpack`` + ``zlib`` on the raw segment bytes, not
 eagle3proto's code) and the filesystem, after every kill:
 
@@ -188,6 +193,9 @@ class Check:
     temp_files: int = 0
     torn_tail: str = ""
     finished: bool = False
+    burnt: list[int] = field(
+        default_factory=list
+    )  # valid samples failed for good (set by the loop)
 
     @property
     def bad(self) -> list[str]:
@@ -202,33 +210,49 @@ def check_output(output: str) -> Check:
     c = Check()
     saved: dict[int, dict[str, Any]] = {}
     inflight: set[int] = set()
+    repaired: set[int] = set()  # taken back by a repair: their files were moved aside
     for jdir in journal_dirs(output):
         view = read_journal(jdir)
         c.journal += [f"{os.path.basename(jdir)}: {p}" for p in view.problems]
         if view.torn_tail:
             c.torn_tail = view.torn_tail
-        retried: dict[int, int] = {}  # idx -> the attempt that failed with a retry, this session
+        # idx -> (attempt of its last send, whether a failure with a retry followed it), in
+        # this session: a sample is sent again only after a journaled failure of its last
+        # send; anything else is a sample sent twice. A counted failure makes the next
+        # send attempt n + 1; a failure that was not the sample's own may resend attempt n.
+        outstanding: dict[int, tuple[int, bool]] = {}
         for rec in view.records:
             kind = rec.get("kind")
             idx = int(rec.get("idx", 0))
             if kind == "sample_sent":
-                # Attempt n > 1 of a sample is sent only after attempt n - 1 failed with a
-                # retry, in the same session; anything else is a sample sent twice.
                 attempt = int(rec.get("attempt", 1))
-                if attempt > 1 and retried.get(idx) != attempt - 1:
+                last = outstanding.get(idx)
+                if (last is None and attempt != 1) or (last is not None and not last[1]):
                     c.resent.append(
                         f"sample {idx}: attempt {attempt} sent (seq {rec.get('seq', 0)}) "
                         f"without a failed attempt {attempt - 1} before it"
                     )
-            elif kind == "sample_failed" and rec.get("retry", False):
-                retried[idx] = int(rec.get("attempt", 1))
+                elif last is not None and attempt not in (last[0], last[0] + 1):
+                    c.resent.append(f"sample {idx}: attempt {attempt} after attempt {last[0]}")
+                outstanding[idx] = (attempt, False)
+            elif kind == "sample_failed" and rec.get("retry", False) and idx in outstanding:
+                outstanding[idx] = (outstanding[idx][0], True)
             elif kind == "run_started":
-                retried.clear()
+                outstanding.clear()
+            # The latest record of a sample wins: a retry after a failure for good reopens
+            # it (a new eagle3d retrying what an older one wrongly failed), and a repair
+            # (sample_invalid) takes a saved sample back.
             if kind == "sample_saved":
                 if idx in saved:
                     c.duplicated.append(f"sample {idx} saved twice (seq {rec.get('seq', 0)})")
                 saved[idx] = rec
-            elif kind == "sample_failed" and not rec.get("retry", False):
+                c.failed.discard(idx)
+            elif kind == "sample_invalid":
+                saved.pop(idx, None)
+                repaired.add(idx)
+            elif kind == "sample_failed" and rec.get("retry", False):
+                c.failed.discard(idx)
+            elif kind == "sample_failed":
                 c.failed.add(idx)
             elif kind == "sample_sent":
                 inflight.add(idx)
@@ -269,7 +293,7 @@ def check_output(output: str) -> Check:
             idx = int(m.group(1))
             if idx in saved:
                 continue
-            if idx in inflight and idx not in c.failed:
+            if (idx in inflight or idx in repaired) and idx not in c.failed:
                 c.leftovers.append(idx)
             else:
                 c.unaccounted.append(f"{d}/{name}: no record in the journal")
@@ -324,6 +348,10 @@ class Summary:
     kills_daemon_only: int = 0
     kills_process_group: int = 0
     kills_by_phase: dict[str, int] = field(default_factory=dict)
+    signals_int: int = 0  # SIGINT to the process group (a terminal's Ctrl-C)
+    signals_term: int = 0  # SIGTERM to the process group (scancel, kill -- -PGID)
+    signal_stops_unclean: int = 0  # a signalled daemon that did not exit 0 by itself
+    burnt: int = 0
     natural_exits: int = 0
     checks: int = 0
     samples_checked: int = 0
@@ -343,7 +371,8 @@ class Summary:
     def ok(self) -> bool:
         return (
             self.lost + self.duplicated + self.corrupt + self.unaccounted + self.journal_problems
-        ) == 0 and self.final_problems == 0
+            + self.burnt + self.signal_stops_unclean
+        ) == 0 and self.final_problems == 0  # fmt: skip
 
     def add(self, c: Check, label: str) -> None:
         self.checks += 1
@@ -355,7 +384,11 @@ class Summary:
         self.corrupt += len(c.corrupt)
         self.unaccounted += len(c.unaccounted)
         self.journal_problems += len(c.journal)
-        for msg in c.bad[:5]:
+        self.burnt += len(c.burnt)
+        for msg in [
+            *c.bad[:5],
+            *(f"sample {i} burnt (valid, failed for good)" for i in c.burnt[:5]),
+        ]:
             if len(self.examples) < 20:
                 self.examples.append(f"{label}: {msg}")
 
@@ -391,8 +424,11 @@ class CrashLoop:
             sys.executable, "-m", "eagle3d", "run", "--model", self.model,
             "--dataset", self.dataset, "--output", output,
             "--dump-dir", output + ".dumps", "--socket", output + ".sock",
+            *self.args.daemon_arg,
         ]  # fmt: skip
         env = {k: v for k, v in os.environ.items() if k != "EAGLE3D_FAULT"}
+        if self.args.fault:
+            env["EAGLE3D_FAULT"] = self.args.fault
         self.s.runs += 1
         with open(logpath, "wb") as logf:
             return subprocess.Popen(
@@ -401,6 +437,7 @@ class CrashLoop:
 
     def check(self, output: str, label: str) -> Check:
         c = check_output(output)
+        c.burnt = sorted(c.failed - self.malformed)
         self.s.add(c, label)
         self.s.leftovers_redone += len(c.leftovers)
         return c
@@ -470,7 +507,18 @@ class CrashLoop:
                 self.finish_round(output, c, rnd)
                 return True
             whole_group = self.rng.random() < a.group_fraction
-            if self.rng.random() < a.startup_fraction:
+            sig = 0
+            if self.rng.random() < a.signal_fraction:
+                # SIGINT or SIGTERM to the whole group, any time after the daemon is up far
+                # enough to have opened its journal (before that there is nothing to lose).
+                sig = self.rng.choice([signal.SIGINT, signal.SIGTERM])
+                phase, delay = "signal", self.rng.uniform(0.0, a.max_delay)
+                # Most while the producer works (samples in flight), some while it starts.
+                at = b" up; window " if self.rng.random() < 0.75 else b" shard shard-"
+                rc = _wait_log(proc, logpath, at, a.run_timeout)
+                if rc is None:
+                    rc = _wait(proc, delay)
+            elif self.rng.random() < a.startup_fraction:
                 # A kill while the daemon starts: journal recovery, temp cleanup, orphans.
                 phase, delay = "start", self.rng.uniform(0.2, a.startup_window)
                 rc = _wait(proc, delay)
@@ -496,7 +544,21 @@ class CrashLoop:
                     self.s.examples.append(f"round {rnd}: run exited {rc}")
                 self.finish_round(output, c, rnd)
                 return True
-            if whole_group:
+            if sig:
+                os.killpg(proc.pid, sig)
+                if sig == signal.SIGINT:
+                    self.s.signals_int += 1
+                else:
+                    self.s.signals_term += 1
+                src = _wait(proc, a.drain_timeout)
+                if src != 0:
+                    self.s.signal_stops_unclean += 1
+                    self.s.examples.append(
+                        f"signal {signal.Signals(sig).name}: daemon exit {src} (log {logpath})"
+                    )
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+            elif whole_group:
                 os.killpg(proc.pid, signal.SIGKILL)
                 self.s.kills_process_group += 1
             else:
@@ -508,10 +570,12 @@ class CrashLoop:
             c = self.check(output, f"kill {self.s.kills}")
             self.log(
                 f"kill {self.s.kills}/{a.kills} ({phase} +{delay:.2f}s, "
-                f"{'group' if whole_group else 'daemon'}): {len(c.saved)} saved, "
+                f"{signal.Signals(sig).name if sig else 'group' if whole_group else 'daemon'}): "
+                f"{len(c.saved)} saved, "
                 f"{len(c.failed)} failed, {len(c.leftovers)} leftover, {c.temp_files} temp"
                 f"{', torn tail' if c.torn_tail else ''}"
                 f"{'' if not c.bad else ' PROBLEMS: ' + '; '.join(c.bad[:3])}"
+                f"{'' if not c.burnt else f' BURNT: {c.burnt[:10]}'}"
             )
             # An orphaned worker of a daemon-only kill sees its stdin close and exits after
             # its batch; give it a moment so that runs do not pile up on a small machine.
@@ -527,13 +591,20 @@ def _wait(proc: subprocess.Popen[bytes], timeout: float) -> int | None:
 
 def _wait_ready(proc: subprocess.Popen[bytes], logpath: str, timeout: float) -> int | None:
     """Wait until the daemon logs that its producer is up (timing only, never checked)."""
+    return _wait_log(proc, logpath, b" up; window ", timeout)
+
+
+def _wait_log(
+    proc: subprocess.Popen[bytes], logpath: str, needle: bytes, timeout: float
+) -> int | None:
+    """Wait until the daemon's log holds ``needle`` (timing only, never checked)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         rc = proc.poll()
         if rc is not None:
             return rc
         with open(logpath, "rb") as f:
-            if b" up; window " in f.read():
+            if needle in f.read():
                 return None
         time.sleep(0.1)
     return None
@@ -606,6 +677,25 @@ def main(argv: list[str] | None = None) -> int:
         default=0.5,
         help="share of kills that hit the whole process group (daemon + workers)",
     )
+    p.add_argument(
+        "--signal-fraction",
+        type=float,
+        default=0.0,
+        help="share of the kills that are a SIGINT or SIGTERM to the whole process group "
+        "instead (uniform in 0..--max-delay s after the producer is up, or for a quarter "
+        "of them after the journal is open); the daemon must "
+        "drain and exit 0, and no valid sample may fail",
+    )
+    p.add_argument("--drain-timeout", type=float, default=120.0, help="for a signalled daemon")
+    p.add_argument(
+        "--daemon-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="one more argument for eagle3d run (repeat: --daemon-arg=--batch-tokens "
+        "--daemon-arg=512)",
+    )
+    p.add_argument("--fault", default="", help="EAGLE3D_FAULT for every run (worker_slow:MS)")
     p.add_argument("--run-timeout", type=float, default=600.0)
     p.add_argument("--keep", action="store_true", help="keep each round's output")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -624,10 +714,12 @@ def main(argv: list[str] | None = None) -> int:
             f"seed {s.seed}: {s.rounds} round(s), {s.runs} runs, {s.kills} kills "
             f"({s.kills_daemon_only} daemon only, {s.kills_process_group} process group; "
             f"by phase {s.kills_by_phase}), "
+            f"{s.signals_int} SIGINT + {s.signals_term} SIGTERM to the group "
+            f"({s.signal_stops_unclean} unclean stops), "
             f"{s.checks} checks, {s.samples_checked} sample files checked, "
             f"{s.leftovers_redone} uncommitted leftovers seen, {s.torn_tails_seen} torn tails; "
             f"lost {s.lost} / duplicated {s.duplicated} / corrupt {s.corrupt} / "
-            f"unaccounted {s.unaccounted} / journal problems {s.journal_problems} / "
+            f"unaccounted {s.unaccounted} / burnt {s.burnt} / journal problems {s.journal_problems} / "
             f"final problems {s.final_problems} in {s.seconds:.0f} s: "
             f"{'OK' if s.ok else 'FAILED'}"
         )

@@ -114,3 +114,48 @@ def test_severity_order_and_text() -> None:
     assert worst(["running", "finished"]) == "running"
     assert worst(["finished", "stopped"]) == "stopped"
     assert worst(["running", "down", "stalled"]) == "down"
+
+
+def _finished(saved: int, failed: int, code: int) -> reducer.ShardState:
+    evs: list[ev.Event] = [ev.RunStarted(ts=NOW - 60, total=saved + failed)]
+    evs += [
+        ev.SampleSaved(ts=NOW - 30, idx=i, path="p", bytes=10, tokens=1, checksum="")
+        for i in range(saved)
+    ]
+    evs += [ev.SampleFailed(ts=NOW - 30, idx=saved + i, error="bad_json") for i in range(failed)]
+    evs.append(ev.RunFinished(ts=NOW - 1, saved=saved, failed=failed, exit_code=code))
+    return state(evs)
+
+
+@pytest.mark.parametrize(
+    ("s", "code", "needle"),
+    [
+        (_finished(0, 218, 9), CRITICAL, "finished with 218 of 218 samples failed (0 saved)"),
+        (_finished(10, 3, 9), WARNING, "finished with 3 of 13 samples failed (10 saved)"),
+        (_finished(297, 3, 0), OK, ""),
+        (
+            running(
+                extra=[
+                    ev.RunState(
+                        ts=NOW,
+                        state="paused",
+                        reason="permission denied (EACCES) writing to the output /o",
+                    )
+                ]
+            ),
+            CRITICAL,
+            "permission denied",
+        ),
+    ],
+)
+def test_finished_with_failures_and_unwritable_pauses(
+    s: reducer.ShardState, code: int, needle: str
+) -> None:
+    rep = Report.judge([row(s, alive=s.state != "finished")], NOW)
+    assert rep.exit_code == code, rep.messages
+    assert not needle or any(needle in m for m in rep.messages), rep.messages
+
+
+def test_percent_counts_saved_only() -> None:
+    v = reducer.view(_finished(0, 218, 9), NOW)
+    assert v.percent == 0.0 and v.failed == 218 and v.remaining == 0

@@ -27,11 +27,13 @@ exit codes of `eagle3d run`:
   0  finished, or stopped cleanly (rerun the same command to resume)
   1  internal error
   2  bad usage or configuration (unknown key, wrong type)
-  3  model or dataset missing or unreadable
-  4  output not writable
+  3  model or dataset missing, unreadable, or not a dataset format eagle3d reads
+  4  output not writable, or removed, moved or replaced during the run
   5  another daemon holds this shard of the output
   6  job fingerprint changed under a resumed job (--force-resume overrides)
+  7  the output holds a job of another shard count (one layout per output)
   8  producer could not start
+  9  finished, but every sample failed or more than --max-failed-fraction did
 """
 
 

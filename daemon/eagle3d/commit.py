@@ -203,6 +203,7 @@ class Committer:
 
     def __init__(self, output: str, direct: bool = True) -> None:
         self.output = output
+        os.makedirs(output, exist_ok=True)  # here, once: never again under a running job
         # Samples are written with O_DIRECT where the filesystem allows it (see
         # ckpt.write_direct); the first refusal switches to buffered writes for good.
         self.direct = direct
@@ -243,12 +244,20 @@ class Committer:
         with self._lock:
             if rel_dir in self._dirs:
                 return full
-            created = not os.path.isdir(full)
-            os.makedirs(full, exist_ok=True)
-            if created:
+            # mkdir, never makedirs: an output removed or moved under the run must not be
+            # made again here (ENOENT tells the daemon it is gone).
+            try:
+                os.mkdir(full, 0o755)
                 _fsync_dir(self.output)  # make the new directory entry itself durable
+            except FileExistsError:
+                pass
             self._dirs.add(rel_dir)
         return full
+
+    def forget_dirs(self) -> None:
+        """Check the row directories again (one was removed under the run)."""
+        with self._lock:
+            self._dirs.clear()
 
     def commit(
         self,

@@ -45,6 +45,7 @@ class JobConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     dtype: str = "auto"
     commit_threads: int = 0  # 0: automatic, see commit_thread_count()
     force_resume: bool = False
+    max_failed_fraction: float = 0.05  # more failures for good than this: exit 9
 
     def validate(self) -> None:
         """Check values that types alone cannot. Raises ConfigError."""
@@ -70,6 +71,10 @@ class JobConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         for key in ("workers", "worker_threads", "commit_threads"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"{key} must be >= 0 (0: automatic), got {getattr(self, key)}")
+        if not 0.0 <= self.max_failed_fraction <= 1.0:
+            raise ConfigError(
+                f"max_failed_fraction must be between 0 and 1, got {self.max_failed_fraction}"
+            )
         if self.max_length < 0:
             raise ConfigError(f"max_length must be >= 0, got {self.max_length}")
         self.shard_spec()
@@ -146,7 +151,10 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
     a = p.add_argument
     a("--config", metavar="JOB.toml", help="read settings from a TOML job file")
     a("--model", help="model directory (weights + tokenizer + chat template)")
-    a("--dataset", help="JSONL dataset")
+    a(
+        "--dataset",
+        help="dataset file: JSONL (.jsonl, .jsonl.gz, .jsonl.zst), a JSON array, or parquet",
+    )
     a("--output", help="output directory")
     a(
         "--backend",
@@ -188,6 +196,14 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         dest="commit_threads",
         help="threads writing samples to the output (default: one per CPU, 2 to 8)",
+    )
+    a(
+        "--max-failed-fraction",
+        type=float,
+        dest="max_failed_fraction",
+        metavar="F",
+        help="a finished run in which more than this share of the samples failed for good"
+        " (or every one did) exits 9 (default 0.05)",
     )
     a(
         "--force-resume",

@@ -9,9 +9,11 @@ API::
         -> Iterator[tuple[int, Conversation | PreTokenized | BadSample]]
 
 Sample ids. The id of a line is its 0-based line number ``idx``: stable across runs and
-shards, and it names the output file. Every line consumes an id, blank ones included (a
-blank line is reported as a :class:`BadSample`), so ids never shift when a line is fixed.
-A final line without a trailing newline is still a line.
+shards, and it names the output file. Every line consumes an id, blank ones included (the
+daemon skips a blank line and counts it as skipped; :func:`parse_line` reports one as a
+:class:`BadSample`), so ids never shift when a line is fixed. A final line without a
+trailing newline is still a line. Other formats (compressed JSONL, JSON arrays, parquet)
+are read by :mod:`eagle3d.dataformats`, with the same ids: the row number.
 
 Line numbers for humans. Messages say ``line N`` with ``N = idx + 1`` (what editors,
 ``sed -n Np`` and ``grep -n`` show) and also give the sample id: ``line 42 (sample 41): ...``.
@@ -53,6 +55,7 @@ __all__ = [
     "iter_lines",
     "iter_samples",
     "parse_line",
+    "parse_obj",
 ]
 
 #: Accepted role names (``role`` or ShareGPT ``from``) and the role they mean.
@@ -183,6 +186,11 @@ def parse_line(idx: int, raw: bytes | str) -> Sample:
         obj = _decode(raw)
     except (msgspec.DecodeError, UnicodeDecodeError) as e:
         raise BadSample(idx, "bad_json", f"bad JSON: {e}") from None
+    return parse_obj(idx, obj)
+
+
+def parse_obj(idx: int, obj: Any) -> Sample:
+    """Parse one decoded sample (a JSON value, or a parquet row's columns)."""
     if not isinstance(obj, dict):
         raise BadSample(idx, "bad_format", f"expected a JSON object, got {_tname(obj)}")
     if "input_ids" in obj or "loss_mask" in obj:

@@ -11,6 +11,10 @@ import errno
 import fcntl
 import os
 import socket
+from collections.abc import Iterator
+
+from eagle3proto import paths
+from eagle3proto.paths import Shard
 
 EXIT_OK = 0
 EXIT_INTERNAL = 1
@@ -19,7 +23,9 @@ EXIT_INPUT = 3
 EXIT_OUTPUT = 4
 EXIT_LOCKED = 5
 EXIT_FINGERPRINT = 6
+EXIT_LAYOUT = 7
 EXIT_PRODUCER = 8
+EXIT_FAILED = 9
 
 
 class Fatal(Exception):
@@ -38,14 +44,55 @@ def check_model(model: str) -> None:
         raise Fatal(EXIT_INPUT, f"model directory {model}: no readable config.json")
 
 
-def check_dataset(dataset: str) -> None:
+def check_dataset(dataset: str) -> str:
+    """The dataset is a file of a format eagle3d reads; returns the format's name."""
+    from .dataformats import HINT, DatasetError, detect
+
+    if os.path.isdir(dataset):
+        raise Fatal(EXIT_INPUT, f"dataset {dataset}: is a directory; give one file: {HINT}")
     if not os.path.isfile(dataset):
         raise Fatal(EXIT_INPUT, f"dataset {dataset}: not found")
     try:
-        with open(dataset, "rb") as f:
-            f.read(1)
+        return detect(dataset).name
+    except DatasetError as e:
+        hint = "" if HINT in str(e) else f"; {HINT}"
+        raise Fatal(EXIT_INPUT, f"dataset {dataset}: {e}{hint}") from e
     except OSError as e:
         raise Fatal(EXIT_INPUT, f"dataset {dataset}: unreadable ({e.strerror})") from e
+
+
+def check_layout(output: str, shard: Shard) -> None:
+    """The output holds no journal of another shard count (one layout per output).
+
+    Two layouts over one output would save the same samples twice under different shards.
+    The check and the creation of this shard's journal directory happen under one lock on
+    the output (``OUTPUT/.eagle3d/layout.lock``), so two daemons of different layouts
+    starting at once cannot both pass. Raises Fatal(EXIT_LAYOUT), which ``--force-resume``
+    does not override.
+    """
+    others = sorted({s.count for s, _ in paths.shard_dirs(output)} - {shard.count})
+    if not others:
+        return
+    found = ", ".join(s.name for s, _ in paths.shard_dirs(output) if s.count != shard.count)
+    raise Fatal(
+        EXIT_LAYOUT,
+        f"output {output} holds a job sharded {others[0]} way(s) ({found}); this run asks"
+        f" for shard {shard.index}/{shard.count}. Keep the same N for the life of a job"
+        " (--shard, or SLURM_ARRAY_TASK_COUNT / WORLD_SIZE), or use a new --output",
+    )
+
+
+@contextlib.contextmanager
+def layout_lock(output: str) -> Iterator[None]:
+    """Held while the shard layout is checked and this shard's journal is created."""
+    os.makedirs(paths.state_dir(output), exist_ok=True)
+    fd = os.open(os.path.join(paths.state_dir(output), "layout.lock"),
+                 os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)  # fmt: skip
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def check_output(output: str) -> None:

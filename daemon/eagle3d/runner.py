@@ -31,21 +31,25 @@ from eagle3proto.fileops import OsFileOps
 from eagle3proto.journal import JournalError, JournalWriter
 from eagle3proto.paths import Shard
 
-from . import config, faults, job
+from . import config, envfault, faults, guard, job
 from .cli import EXIT_CODES
 from .commit import CommitError, Committer
 from .dump import BadDump, DumpVanished, rid_of, vanished
+from .envfault import DUMPS, JOURNAL, OUTPUT, EnvFault
 from .handoff import Coalesced, Handoff
 from .preflight import (
     EXIT_CONFIG,
     EXIT_INTERNAL,
     EXIT_OK,
+    EXIT_OUTPUT,
     EXIT_PRODUCER,
     Fatal,
     ShardLock,
     check_dataset,
+    check_layout,
     check_model,
     check_output,
+    layout_lock,
 )
 from .producers.base import Producer, Request
 from .threadnames import name_threads
@@ -57,10 +61,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("eagle3d")
 
 SENT, DUMPED = 1, 2
-PENDING, SAVED, FAILED = job.PENDING, job.SAVED, job.FAILED
+PENDING, SAVED, FAILED, SKIPPED = job.PENDING, job.SAVED, job.FAILED, job.SKIPPED
 _END = object()
-DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 COMMIT_BATCH = 8  # samples a commit thread takes at once (see Daemon._start_commits)
+_VANISHED = envfault.Verdict(counted=False, why="its dump was removed before it was read")
+PROBE_EVERY_S = 2.0  # while paused: how often a probe write asks whether the area is back
+DUMP_FULL_MEMORY_S = 60.0  # a dump that never arrives this long after the area was full
 
 
 @dataclass(slots=True)
@@ -71,12 +77,15 @@ class Pending:
     input_ids: list[int]
     loss_mask: list[int]
     truncated: bool
-    attempt: int = 0
+    attempt: int = 0  # counted attempts (the sample's own failures), this one included
+    sends: int = 0  # every send, uncounted ones included: names the request
     rid: str = ""
     stage: int = 0
     sent_at: float = 0.0
     dump_path: str = ""
     started: bool = False  # the producer said it is computing this attempt
+    recount: bool = True  # the next send is a new attempt (False after an uncounted failure)
+    commit_retried: bool = False  # a commit that lost its row directory was tried again
 
 
 class _FaultFileOps(OsFileOps):
@@ -115,8 +124,20 @@ class Daemon:
         self.commit_threads = 1
         self._pub: Coalesced[ev.Event] | None = None  # made with the loop, in run()
         self.unrecorded: list[Any] = []  # bad lines whose sample_failed the journal refused
+        self.requeue: list[Pending] = []  # uncounted failures waiting for the pause to end
         self.orphans = 0
-        self.paused = ""
+        self.paused = ""  # the reason of the pause, '' while running
+        self.faults: dict[str, EnvFault] = {}  # area -> what refused a write there
+        self._next_probe = 0.0
+        self.lost = ""  # the output's identity is lost: what happened (exit 4)
+        self.identity: guard.OutputIdentity | None = None
+        self.skipped = 0
+        self.dump_dir = ""
+        self._dump_free = (0.0, 0)  # (when read, free bytes) of the dump area
+        self._dump_full_at = -1e18  # when the dump area was last seen full
+        self.bytes_per_token = 0.0  # of a dump, the largest seen (estimated before the first)
+        self._bpt_seen = 0.0
+        self.largest_dump = 0
         self.stopping = ""
         self.feed_done = False
         self.last_progress = time.monotonic()
@@ -147,6 +168,7 @@ class Daemon:
         # end in a clean stop rather than Python's default of dying on the spot.
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(sig, self._on_signal, sig)
+        self.loop.add_signal_handler(signal.SIGHUP, self._on_hup)
         try:
             try:
                 await self._start()
@@ -155,12 +177,13 @@ class Daemon:
                 return e.code
             if self.stopping:
                 return EXIT_OK
-            if self._already_done():
+            done = self._already_done()
+            if done is not None:
                 # A Type=notify unit that exits 0 before READY=1 fails with 'protocol' and
                 # is restarted: a finished job started again at boot must be a clean no-op.
                 self._notify("ready")
                 self._notify("status", "finished: nothing to do")
-                return EXIT_OK
+                return done
             return await self._main()
         finally:
             await self._shutdown()
@@ -181,15 +204,19 @@ class Daemon:
         cfg = self.cfg
         check_model(cfg.model)
         check_dataset(cfg.dataset)
+        check_layout(self.output, self.shard)  # before anything is written
         check_output(self.output)
+        jdir = paths.journal_dir(self.output, self.shard)
+        with layout_lock(self.output):
+            check_layout(self.output, self.shard)  # a daemon of another layout won the race
+            os.makedirs(jdir, exist_ok=True)
         self._lock = ShardLock(paths.lock_path(self.output, self.shard))
         self._lock.acquire()
         self._notify("status", "reading dataset and journal")
         facts = await asyncio.to_thread(job.describe, cfg, self.shard, self.output)
-        self.job, self.total = facts.job, facts.total
+        self.job, self.total, self.fmt = facts.job, facts.total, facts.fmt
         self.hidden_size, self.layers = facts.hidden_size, facts.layers
         self.status = bytearray(facts.lines)
-        jdir = paths.journal_dir(self.output, self.shard)
         self.journal = JournalWriter(
             jdir,
             shard_index=self.shard.index,
@@ -200,6 +227,10 @@ class Daemon:
         self.resume = job.ResumeFold(self.status, self.state)
         self.journal.open(self.resume.sink)
         self.run_id = self.journal.run_id
+        self.identity = guard.OutputIdentity(self.output, jdir, self.journal.segment)
+        for i in facts.blank:  # no samples: skipped, whatever an older version made of them
+            self.status[i] = SKIPPED
+        self.skipped = len(facts.blank)
         self._make_reserve()
         forced = job.check_fingerprint(
             self.resume.last_started, self.job, cfg.force_resume, self.output
@@ -210,29 +241,45 @@ class Daemon:
     def _shard_ids(self) -> range:
         return range(self.shard.index, len(self.status), self.shard.count)
 
-    def _already_done(self) -> bool:
+    def _counts(self) -> tuple[int, int]:
+        """(saved, failed) samples of this shard, from the per-sample status."""
+        ids = self._shard_ids()
+        status = self.status
+        return sum(1 for i in ids if status[i] == SAVED), sum(1 for i in ids if status[i] == FAILED)
+
+    def _already_done(self) -> int | None:
+        """The exit status of a job with nothing left to do, else None."""
         status = self.status
         if any(status[i] == PENDING for i in self._shard_ids()):
-            return False
-        saved = sum(1 for i in self._shard_ids() if status[i] == SAVED)
-        failed = self.total - saved
+            return None
+        saved, failed = self._counts()
+        code = job.finish_code(saved, failed, self.total, self.cfg.max_failed_fraction)
         if not self.resume.finished_last:
             assert self.journal is not None
-            self.journal.append(ev.RunFinished(saved=saved, failed=failed))
-        log.info(
-            "nothing to do: job already finished (%d saved, %d failed) in %s",
-            saved,
+            self.journal.append(ev.RunFinished(saved=saved, failed=failed, exit_code=code))
+        counts = job.describe_counts(saved, failed, self.total)
+        log.info("nothing to do: job already finished (%s) in %s", counts, self.output)
+        self._say_outcome(code, failed)
+        return code
+
+    def _say_outcome(self, code: int, failed: int) -> None:
+        if code == EXIT_OK:
+            return
+        log.error(
+            "%s: %d of %d sample(s) failed for good, more than --max-failed-fraction %g allows"
+            " (the first failures are above and in the journal; eagle3-top --once lists them)",
+            "every sample failed" if failed >= self.total else "too many samples failed",
             failed,
-            self.output,
+            self.total,
+            self.cfg.max_failed_fraction,
         )
-        return True
 
     async def _main(self) -> int:
         cfg = self.cfg
         assert self.journal is not None
         self.socket_path = cfg.socket or paths.default_socket_path(self.output, self.shard)
-        done_before = sum(1 for i in self._shard_ids() if self.status[i] == SAVED)
-        failed_before = sum(1 for i in self._shard_ids() if self.status[i] == FAILED)
+        self._reopen()
+        done_before, failed_before = self._counts()
         self.rid_prefix = f"{self.run_id[:8]}-{self.shard.index}-"
         self.session = self.state.session + 1
         self.journal.append(
@@ -245,6 +292,7 @@ class Daemon:
                 socket=self.socket_path,
                 already_saved=done_before,
                 already_failed=failed_before,
+                skipped=self.skipped,
             )
         )
         log.info(
@@ -256,8 +304,11 @@ class Daemon:
             failed_before,
             self.session,
         )
+        if self.skipped:
+            log.info("%d blank line(s) of %s skipped (no samples)", self.skipped, cfg.dataset)
         await self._start_server()
         self.dump_dir = cfg.dump_dir or _default_dump_dir(self.run_id, self.shard)
+        self.bytes_per_token = float((1 + len(self.layers)) * self.hidden_size * 4 + 8)
         self.committer = Committer(self.output)
         # The daemon's own tensor work (validate, torch.save) is memory-bound: one intra-op
         # thread, so OpenMP spinning never steals cores from a producer on the same host.
@@ -309,6 +360,34 @@ class Daemon:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         return self._exit_code
+
+    def _reopen(self) -> None:
+        """Journal that the failures an older eagle3d recorded for good but that were the
+        environment's (a signal, a full or unwritable disk) are pending again, so every
+        reader of the journal agrees that they are."""
+        reopen = self.resume.reopen
+        if not reopen:
+            return
+        assert self.journal is not None
+        self.journal.append_many(
+            [
+                ev.SampleFailed(
+                    idx=e.idx,
+                    error=e.error,
+                    message=f"not the sample's fault, retried: {e.message}",
+                    attempt=0,
+                    retry=True,
+                    environment=True,
+                )
+                for e in reopen.values()
+            ]
+        )
+        log.warning(
+            "%d sample(s) recorded as failed by an earlier run for a reason that was not"
+            " their own (a signal, a full or unwritable disk) are retried: %s",
+            len(reopen),
+            ", ".join(map(str, sorted(reopen)[:10])) + (" ..." if len(reopen) > 10 else ""),
+        )
 
     async def _start_server(self) -> None:
         try:
@@ -388,19 +467,19 @@ class Daemon:
         from transformers import AutoTokenizer
 
         from .chat import ChatEncoder
-        from .dataset import BadSample, iter_lines, parse_line
+        from .dataformats import BadSample, iter_rows, parse_row
 
         tok = AutoTokenizer.from_pretrained(self.cfg.model)
         enc = ChatEncoder(tok, max_length=self.cfg.max_length, on_overflow=self.cfg.on_overflow)
         status = self.status
-        for idx, raw in iter_lines(self.cfg.dataset, self.shard.index, self.shard.count):
+        for idx, raw in iter_rows(self.cfg.dataset, self.fmt, self.shard.index, self.shard.count):
             if self._feed_stop.is_set():
                 return
             if idx >= len(status) or status[idx] != PENDING:
-                continue
+                continue  # saved, failed for good, or a blank line
             item: Any
             try:
-                t = enc.encode(parse_line(idx, raw))
+                t = enc.encode(parse_row(idx, raw))
                 item = Pending(idx, list(t.input_ids), list(t.loss_mask), bool(t.truncated))
             except BadSample as bad:
                 item = bad
@@ -421,6 +500,9 @@ class Daemon:
                 await self.wake.wait()
             if self.stopping:
                 return
+            if self.requeue:  # uncounted failures (a pause on the dump area) go first
+                self._send(self.requeue.pop(0))
+                continue
             # Failures that could not be journaled (disk full) go first once resumed.
             item = self.unrecorded.pop(0) if self.unrecorded else await self.handoff.get()
             if item is _END:
@@ -454,13 +536,48 @@ class Daemon:
         # replaced at once: its batcher then always chooses from a full window (with the
         # window short by the running batch, the demo set's batches were 70 % real tokens
         # instead of 78 %).
-        waiting = sum(1 for p in self.inflight.values() if p.stage == SENT and not p.started)
-        return waiting >= self.window or len(self.inflight) >= 3 * self.window
+        waiting = sent = planned = 0
+        for p in self.inflight.values():
+            if p.stage == SENT:
+                sent += 1
+                planned += len(p.input_ids)
+                waiting += not p.started
+        if waiting >= self.window or len(self.inflight) >= 3 * self.window:
+            return True
+        return not self._dump_room(planned, sent)
+
+    def _dump_room(self, planned_tokens: int, sent: int) -> bool:
+        """The dump area's free space holds the dumps still to come and one more (of the
+        mean size in flight): a busy node's /dev/shm slows the run instead of failing it."""
+        if sent == 0:
+            return True
+        bpt = self.bytes_per_token
+        free = self._dump_free_now(time.monotonic())
+        return envfault.dump_room(
+            free, int(planned_tokens * bpt), int(planned_tokens / sent * bpt), sent
+        )
+
+    def _dump_free_now(self, now: float) -> int:
+        when, free = self._dump_free
+        if now - when > 0.25:
+            free = guard.free_bytes(self.dump_dir)
+            self._dump_free = (now, free)
+            if envfault.dump_area_full(free, self.largest_dump):
+                self._dump_full_at = now
+        return free
+
+    def _dump_area_was_full(self, now: float) -> bool:
+        self._dump_free = (0.0, 0)  # read it now
+        self._dump_free_now(now)
+        return now - self._dump_full_at < DUMP_FULL_MEMORY_S
 
     def _send(self, p: Pending) -> None:
         assert self.producer is not None
-        p.attempt += 1
-        p.rid = f"{self.rid_prefix}{self.session}-{p.idx}-{p.attempt}"
+        if p.recount:
+            p.attempt += 1
+        p.recount = True
+        p.sends += 1
+        p.rid = f"{self.rid_prefix}{self.session}-{p.idx}-{p.sends}"
         p.stage = SENT
         p.started = False
         p.sent_at = time.monotonic()
@@ -490,11 +607,16 @@ class Daemon:
             # Its dump was complete (only a final name is reported) and is gone before the
             # daemon read it: the dump area was removed or cleaned under the run. Nothing
             # will bring it back, so resend now; waiting would cost the request timeout.
-            self._fail_attempt(p, "DumpLost", str(vanished(path)))
+            self._fail_attempt(p, "DumpLost", str(vanished(path)), _VANISHED)
             return
         p.stage = DUMPED
         self.wake.set()  # a slot at the producer is free
         p.dump_path = path
+        self.largest_dump = max(self.largest_dump, size)
+        ratio = size / max(1, len(p.input_ids))
+        # The first dump replaces the estimate (fp32 of every state); then the largest seen.
+        self.bytes_per_token = max(self._bpt_seen, ratio)
+        self._bpt_seen = self.bytes_per_token
         self._append(ev.SampleDumped(idx=p.idx, rid=rid, bytes=size))
         self._submit_commit(p)
 
@@ -535,8 +657,16 @@ class Daemon:
         self._start_commits()
 
     def _commit_batch(self, batch: list[Pending]) -> list[tuple[str, str, int]]:
-        """Commit thread: validate, write, journal. One (outcome, message, errno) per sample."""
-        assert self.journal is not None
+        """Commit thread: validate, write, journal. One (outcome, message, errno) per sample.
+
+        Outcomes: saved; lost (the dump vanished); bad_dump; io (writing the output failed);
+        journal (appending the records failed); gone (the output is not where it was:
+        nothing was written); error (a bug).
+        """
+        assert self.journal is not None and self.identity is not None
+        gone = self.lost or self.identity.check()
+        if gone:  # never commit into a directory nobody sees, nor recreate one
+            return [("gone", gone, 0)] * len(batch)
         results: list[tuple[str, str, int]] = [("error", "not committed", 0)] * len(batch)
         try:
             written = self.committer.commit_files(
@@ -568,7 +698,7 @@ class Daemon:
                 self.journal.append_many([rec for _, rec in saved])
             except JournalError as err:
                 for k, _ in saved:
-                    results[k] = ("io", f"JournalError: {err}", err.errno or 0)
+                    results[k] = ("journal", f"JournalError: {err}", err.errno or 0)
                 return results
             for k, _ in saved:
                 results[k] = ("saved", "", 0)
@@ -592,11 +722,30 @@ class Daemon:
             self.status[p.idx] = SAVED
             self.last_progress = time.monotonic()
             self._after_completion()
-        elif outcome == "io" and err in DISK_FULL:
+        elif outcome == "gone":
+            self._lose(message)
+        elif outcome == "journal":  # one policy with the loop thread's appends
             self.retry_commits.append(p)
-            self._pause(f"disk full writing to {self.output}: {message}")
-        elif outcome == "lost":
-            self._fail_attempt(p, "DumpLost", message)
+            self._journal_error(err, message)
+        elif outcome == "io" and envfault.env_errno(err):
+            # The environment's, never the sample's: wait for the area, then commit again.
+            where = os.path.dirname(os.path.join(self.output, paths.sample_relpath(p.idx)))
+            self.retry_commits.append(p)
+            self._pause(EnvFault(OUTPUT, where, err, message))
+        elif outcome == "io" and err == errno.ENOENT:
+            # A directory vanished under the commit: the output itself (the run stops), or a
+            # row directory someone removed (made again, and the sample committed again).
+            gone = self.identity.check() if self.identity is not None else ""
+            if gone:
+                self._lose(gone)
+            elif not p.commit_retried:
+                p.commit_retried = True
+                self.committer.forget_dirs()
+                self._submit_commit(p)
+            else:
+                self._fail_attempt(p, "CommitError", message)
+        elif outcome == "lost":  # the dump area was cleaned under the run
+            self._fail_attempt(p, "DumpLost", message, _VANISHED)
         elif outcome == "bad_dump":
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(p.dump_path)
@@ -606,11 +755,55 @@ class Daemon:
                 os.unlink(p.dump_path)
             self._fail_attempt(p, "CommitError" if outcome == "io" else "InternalError", message)
 
-    def _fail_attempt(self, p: Pending, error: str, message: str) -> None:
-        """An attempt failed: retry while attempts remain, else record the sample failed."""
+    def _fail_attempt(
+        self, p: Pending, error: str, message: str, verdict: envfault.Verdict = envfault.SAMPLE
+    ) -> None:
+        """An attempt failed. The sample's own failure (``verdict.counted``) is retried while
+        attempts remain, else recorded failed for good. The environment's counts no attempt:
+        the sample is sent again (after the pause on ``verdict.pause``, if any). During a
+        stop nothing is sent and nothing fails: the sample is pending for the next run."""
         assert self.producer is not None
         self.inflight.pop(p.rid, None)
-        retry = p.attempt < self.cfg.max_attempts and not self.stopping
+        if self.stopping:
+            self._append(
+                ev.SampleFailed(
+                    idx=p.idx,
+                    error=error,
+                    message=f"{message} (during the stop: pending for the next run)",
+                    attempt=p.attempt,
+                    retry=True,
+                    environment=True,
+                )
+            )
+            self.by_idx.pop(p.idx, None)
+            self._after_completion()
+            return
+        if not verdict.counted:
+            self._append(
+                ev.SampleFailed(
+                    idx=p.idx,
+                    error=error,
+                    message=message,
+                    attempt=p.attempt,
+                    retry=True,
+                    environment=True,
+                )
+            )
+            log.warning(
+                "sample %d: %s: %s; not the sample's fault (%s): sent again, no attempt counted",
+                p.idx,
+                error,
+                message,
+                verdict.why,
+            )
+            p.recount = False
+            if verdict.pause is not None:
+                self.requeue.append(p)
+                self._pause(verdict.pause)
+            else:
+                self._send(p)
+            return
+        retry = p.attempt < self.cfg.max_attempts
         self._append(
             ev.SampleFailed(idx=p.idx, error=error, message=message, attempt=p.attempt, retry=retry)
         )
@@ -620,15 +813,14 @@ class Daemon:
             )
             self._send(p)
             return
-        if not self.stopping:
-            log.warning(
-                "sample %d failed for good after %d attempt(s): %s: %s",
-                p.idx,
-                p.attempt,
-                error,
-                message,
-            )
-            self.status[p.idx] = FAILED
+        log.warning(
+            "sample %d failed for good after %d attempt(s): %s: %s",
+            p.idx,
+            p.attempt,
+            error,
+            message,
+        )
+        self.status[p.idx] = FAILED
         self.by_idx.pop(p.idx, None)
         self.last_progress = time.monotonic()
         self._after_completion()
@@ -640,10 +832,18 @@ class Daemon:
     def _check_done(self) -> None:
         if self.inflight or self.done.is_set() or self._finishing is not None:
             return
-        if self.feed_done and not self.stopping:
+        if self.feed_done and not self.stopping and not self.requeue:
             self._finishing = asyncio.ensure_future(self._finish())
         elif self.stopping:
-            self._append(ev.RunStopped(reason=self.stopping, exit_code=EXIT_OK))
+            self._append(ev.RunStopped(reason=self.stopping, exit_code=self._exit_code))
+            saved, failed = self._counts()
+            left = self.total - saved - failed
+            log.info(
+                "stopped (%s): %s, %d left; resumable: rerun the same command",
+                self.stopping,
+                job.describe_counts(saved, failed, self.total),
+                left,
+            )
             self.done.set()
 
     async def _finish(self) -> None:
@@ -655,23 +855,55 @@ class Daemon:
             self._append(self._stats("finished"))
         except Exception:
             log.exception("the last stats record before run_finished failed")
-        saved = sum(1 for i in self._shard_ids() if self.status[i] == SAVED)
-        failed = sum(1 for i in self._shard_ids() if self.status[i] == FAILED)
-        self._append(ev.RunFinished(saved=saved, failed=failed))
-        log.info("finished: %d saved, %d failed of %d", saved, failed, self.total)
+        if self.lost:
+            return  # never say finished into a journal nobody can see
+        saved, failed = self._counts()
+        code = job.finish_code(saved, failed, self.total, self.cfg.max_failed_fraction)
+        self._append(ev.RunFinished(saved=saved, failed=failed, exit_code=code))
+        log.info("finished: %s", job.describe_counts(saved, failed, self.total))
+        self._say_outcome(code, failed)
+        self._exit_code = code
         self.done.set()
 
-    # -- pause on a full disk ------------------------------------------------------------------
+    # -- pause on the environment's faults ---------------------------------------------------
 
-    def _pause(self, reason: str) -> None:
-        if self.paused:
+    def _pause(self, fault: EnvFault) -> None:
+        """A write to ``fault.area`` was refused (full, unwritable, failing): pause until a
+        probe write there succeeds (every PROBE_EVERY_S, or at once on SIGHUP)."""
+        known = fault.area in self.faults
+        self.faults[fault.area] = fault
+        self._next_probe = time.monotonic() + PROBE_EVERY_S
+        if self.paused or known:
             return
+        reason = fault.reason
         self.paused = reason
-        log.error("paused: %s; will resume when space is freed", reason)
+        log.error("paused: %s; resumes by itself once it can write there again (or send SIGHUP)",
+                  reason)  # fmt: skip
         state = ev.RunState(state="paused", reason=reason)
         if not self._append(state) and self._release_reserve():
             self._append(state)  # the journal's own disk is full: spend the reserve on it
         self._notify("status", f"PAUSED: {reason}")
+
+    def _lose(self, what: str) -> None:
+        """The output is not where the daemon opened it: stop at once, journal nothing more
+        (into a file nobody would see), and never say finished. Exit 4."""
+        if self.lost:
+            return
+        self.lost = what
+        log.error(
+            "%s: stopping at once (exit %d); nothing more is journaled and the run is not"
+            " finished. Put the output back where it was and rerun the same command, or"
+            " start again with a new --output",
+            what,
+            EXIT_OUTPUT,
+        )
+        self._exit_code = EXIT_OUTPUT
+        self.stopping = self.stopping or f"output lost: {what}"
+        self._feed_stop.set()
+        self.inflight.clear()
+        self.requeue.clear()
+        self.retry_commits.clear()
+        self.done.set()
 
     # A small file beside the journal, given back on a full disk so that the paused state
     # can always be journaled (and so seen by monitors); made again after the resume.
@@ -699,11 +931,11 @@ class Daemon:
             return False
         return True
 
-    def _maybe_resume(self) -> None:
-        if not self.paused:
+    def _maybe_resume(self, now: float, force: bool = False) -> None:
+        """Probe each paused area; resume when every one takes writes again."""
+        if not self.faults or (now < self._next_probe and not force):
             return
-        st = os.statvfs(self.output)
-        free = st.f_bavail * st.f_frsize
+        self._next_probe = now + PROBE_EVERY_S
         # Room for the largest waiting sample, not for all of them: with many dumps waiting,
         # twice their sum can exceed what the operator frees (or the whole disk) and the run
         # would never resume. Commits retry one by one; one that hits the wall pauses again.
@@ -712,11 +944,27 @@ class Daemon:
             2 * max((_size(p.dump_path) for p in self.retry_commits), default=0),
             1 << 20,
         )
-        if free < need:
-            return
+        for area, fault in list(self.faults.items()):
+            directory = self.dump_dir if area == DUMPS else fault.path
+            area_need = max(2 * self.largest_dump, 1 << 20) if area == DUMPS else need
+            error = guard.probe_write(directory)
+            free = guard.free_bytes(directory)
+            if not envfault.may_resume(fault, error is None, free, area_need):
+                if force:
+                    why = (
+                        f"{envfault.name(error.errno or 0)}: {error.strerror}"
+                        if error
+                        else f"{free} bytes free"
+                    )
+                    log.warning("still paused: %s (%s)", fault.reason, why)
+                return
+        full = all(f.disk_full for f in self.faults.values())
+        areas = " and ".join(f"the {a}" for a in self.faults)
+        self.faults.clear()
         self.paused = ""
-        log.info("disk space available again (%d bytes free); resuming", free)
-        self._append(ev.RunState(state="running", reason="disk space freed"))
+        log.info("%s can be written again; resuming", areas)
+        reason = "disk space freed" if full else f"{areas} writable again"
+        self._append(ev.RunState(state="running", reason=reason))
         self._make_reserve()
         retry, self.retry_commits = self.retry_commits, []
         for p in retry:
@@ -746,8 +994,14 @@ class Daemon:
             await asyncio.sleep(1.0)
             n += 1
             now = time.monotonic()
+            gone = self.identity.check() if self.identity is not None else ""
+            if gone:
+                self._lose(gone)
+                return
             self._check_timeouts(now)
-            self._maybe_resume()
+            self._maybe_resume(now)
+            self._dump_free_now(now)
+            self.wake.set()  # the dump area's room may have grown: the window is asked again
             if n % 5 == 0:
                 if self.watcher.rearm():
                     log.warning("dump area %s was removed or replaced: watching it again",
@@ -807,23 +1061,39 @@ class Daemon:
     # -- publishing ----------------------------------------------------------------------------
 
     def _append(self, event: ev.Event) -> bool:
-        """Append from the loop thread; a full disk pauses, other journal failures stop.
+        """Append from the loop thread. Returns whether the record is in the journal.
 
-        Returns whether the record is in the journal.
+        The one policy for journal errors, as for the commit threads' (see _committed): an
+        environment errno (full, unwritable, failing) pauses while the journal is still
+        open (a failed write is cut back to the last good frame); a journal closed by a
+        failed fdatasync cannot be trusted again in this process (the kernel may have
+        dropped what it said it wrote), so the run stops and a restart replays what is
+        durable; anything else stops. Nothing is appended once the output is lost.
         """
         assert self.journal is not None
+        if self.lost:
+            return False
         try:
             self.journal.append(event)
             return True
         except JournalError as e:
-            if e.errno in DISK_FULL:
-                self._pause(f"disk full writing the journal: {e}")
-            elif not self.stopping:
-                log.error("journal failure, stopping: %s", e)
-                self._exit_code = EXIT_INTERNAL
-                self.stopping = f"journal failure: {e}"
-                self.done.set()
+            self._journal_error(e.errno or 0, str(e))
             return False
+
+    def _journal_error(self, err: int, message: str) -> None:
+        """A journal append failed (on this thread or a commit thread): pause or stop."""
+        assert self.journal is not None
+        if envfault.env_errno(err) and self.journal.segment()[1] >= 0:
+            jdir = paths.journal_dir(self.output, self.shard)
+            self._pause(EnvFault(JOURNAL, jdir, err, message))
+        elif not self.stopping:
+            log.error("journal failure, stopping (rerun to resume from what is durable): %s",
+                      message)  # fmt: skip
+            self._exit_code = EXIT_INTERNAL
+            self.stopping = f"journal failure: {message}"
+            self._feed_stop.set()
+            self.inflight.clear()
+            self.done.set()
 
     def _published_threadsafe(self, e: ev.Event) -> None:
         """The journal's listener (any thread): pass ``e`` to the loop, in seq order.
@@ -846,6 +1116,14 @@ class Daemon:
 
     # -- stopping ------------------------------------------------------------------------------
 
+    def _on_hup(self) -> None:
+        """SIGHUP: probe a paused area now instead of at the next interval."""
+        if not self.faults:
+            log.info("SIGHUP: nothing is paused")
+            return
+        log.info("SIGHUP: trying the paused area(s) again now")
+        self._maybe_resume(time.monotonic(), force=True)
+
     def _on_signal(self, sig: int) -> None:
         name = signal.Signals(sig).name
         if self.stopping:
@@ -860,6 +1138,12 @@ class Daemon:
             log.info("%s before the pipeline started: stopping", name)
             self.done.set()
             return
+        # What waits for a paused area (or to be sent again) is pending for the next run.
+        for p in [*self.retry_commits, *self.requeue]:
+            self.inflight.pop(p.rid, None)
+            self.by_idx.pop(p.idx, None)
+        self.retry_commits.clear()
+        self.requeue.clear()
         log.info("%s: stopping; draining %d sample(s) in flight", name, len(self.inflight))
         self._append(ev.RunState(state="draining", reason=self.stopping))
         self.wake.set()
@@ -885,8 +1169,14 @@ class Daemon:
             self.commits_closed = True  # what is still queued is redone on resume
             self.commit_pool.shutdown(wait=True)
         if self.journal is not None:
-            with contextlib.suppress(JournalError):
-                self.journal.close()
+            if self.lost:
+                self.journal.abandon()
+            else:
+                with contextlib.suppress(JournalError):
+                    self.journal.close()
+        if self.identity is not None:
+            self.identity.close()
+        self._remove_empty_dump_dir()
         # Let the listener's last call_soon_threadsafe callbacks reach subscribers.
         await asyncio.sleep(0)
         if self.server is not None:
@@ -894,6 +1184,17 @@ class Daemon:
                 await self.server.close()
         if self._lock is not None:
             self._lock.release()
+
+    def _remove_empty_dump_dir(self) -> None:
+        """The run's own dump folder (the default, named after the job) goes when it is
+        empty; a --dump-dir the operator chose is theirs (a server may share it)."""
+        if self.cfg.dump_dir or not self.dump_dir:
+            return
+        for d in (self.dump_dir, os.path.dirname(self.dump_dir)):
+            try:
+                os.rmdir(d)
+            except OSError:
+                return  # not empty (dumps of another shard or job), or already gone
 
 
 class _Callbacks:
@@ -906,12 +1207,17 @@ class _Callbacks:
         self.d.loop.call_soon_threadsafe(self._failed, rid, error, message, retryable)
 
     def _failed(self, rid: str, error: str, message: str, retryable: bool) -> None:
-        p = self.d.inflight.get(rid)
+        d = self.d
+        p = d.inflight.get(rid)
         if p is None or p.stage != SENT:
             return
-        if not retryable:
-            p.attempt = max(p.attempt, self.d.cfg.max_attempts)
-        self.d._fail_attempt(p, error, message)
+        full = error == "DumpMissing" and d._dump_area_was_full(time.monotonic())
+        verdict = envfault.producer_failure(
+            error, message, stopping=bool(d.stopping), dump_dir=d.dump_dir, dump_area_full=full
+        )
+        if verdict.counted and not retryable:
+            p.attempt = max(p.attempt, d.cfg.max_attempts)
+        d._fail_attempt(p, error, message, verdict)
 
     def producer_state(self, state: str, message: str = "") -> None:
         self.d.loop.call_soon_threadsafe(self._state, state, message)

@@ -26,12 +26,14 @@ DEFAULT_CONFIG_DIR = "/etc/eagle3d"
 DEFAULT_DATA = "/srv/eagle3d"
 DEFAULT_WATCHDOG_SEC = 120
 DEFAULT_STOP_SEC = 300
-# Exit codes of `eagle3d run` a restart cannot fix: 2 bad config, 3 model or dataset missing,
-# 4 output unwritable (disk full, read-only), 5 shard locked by another daemon (under
-# systemd the old instance's cgroup is empty before a restart, so the holder is someone
-# else), 6 job fingerprint changed. 1 (internal) and 8 (producer could not start, e.g. an
-# SGLang server still coming up) may be transient: those restart.
-NO_RESTART_EXIT = (2, 3, 4, 5, 6)
+# Exit codes of `eagle3d run` a restart cannot fix: 2 bad config, 3 model or dataset missing
+# or not a dataset, 4 output unwritable or removed/moved under the run, 5 shard locked by
+# another daemon (under systemd the old instance's cgroup is empty before a restart, so the
+# holder is someone else), 6 job fingerprint changed, 7 another shard count in the output,
+# 9 finished with too many failed samples (a restart says the same again). 1 (internal)
+# and 8 (producer could not start, e.g. an SGLang server still coming up) may be
+# transient: those restart. A full or unwritable disk during a run pauses; it exits nothing.
+NO_RESTART_EXIT = (2, 3, 4, 5, 6, 7, 9)
 _HOME_PREFIXES = ("/home/", "/root/", "/run/user/")
 
 

@@ -3,6 +3,11 @@
 For each ``sample saved`` record of every shard journal under ``OUTPUT/.eagle3d``: the file
 exists, its size and checksum match the record, and it loads with the right keys, dtypes and
 shapes. The output tree is never listed: the journal says what should exist.
+
+``--repair`` journals each damaged or missing committed sample as ``sample_invalid`` in its
+shard's journal (its file, if any, moved aside under ``OUTPUT/.eagle3d/damaged/``, never
+deleted), so that the next ``eagle3d run`` with the same command extracts exactly those
+again. It takes the shard's lock: a daemon running that shard must be stopped first.
 """
 
 from __future__ import annotations
@@ -11,14 +16,17 @@ import argparse
 import json
 import os
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from eagle3proto import events as ev
 from eagle3proto import paths
-from eagle3proto.journal import replay
+from eagle3proto.journal import JournalWriter, replay
+from eagle3proto.paths import Shard
 
 from .commit import file_checksum
+from .preflight import Fatal, ShardLock
 
 
 @dataclass(slots=True)
@@ -41,14 +49,22 @@ class VerifyReport:
     checked: int = 0
     bytes_checked: int = 0
     problems: list[str] = field(default_factory=list)
+    #: sample id -> its problem, for the committed samples found damaged or missing
+    damaged: dict[int, str] = field(default_factory=dict)
+    saved_records: dict[int, ev.SampleSaved] = field(default_factory=dict)
+    repaired: list[str] = field(default_factory=list)  # what --repair did
+    repair_error: str = ""
 
     @property
     def ok(self) -> bool:
+        if not self.shards or self.repaired or self.repair_error:
+            return False
         return not self.problems and not any(s.journal_fatal for s in self.shards)
 
     @property
     def exit_code(self) -> int:
-        """0: consistent; 1: a problem was found; 2: no journal under the output."""
+        """0: consistent; 1: a problem was found (repaired or not); 2: no journal under
+        the output."""
         if not self.shards:
             return 2
         return 0 if self.ok else 1
@@ -57,6 +73,8 @@ class VerifyReport:
         return {
             "output": self.output,
             "ok": self.ok,
+            "repaired": self.repaired,
+            "repair_error": self.repair_error,
             "exit_code": self.exit_code,
             "checked": self.checked,
             "bytes_checked": self.bytes_checked,
@@ -79,6 +97,10 @@ class VerifyReport:
 
     def __str__(self) -> str:
         lines = [f"eagle3d verify {self.output}"]
+        if not self.shards:
+            lines.append(f"  no eagle3d journal under {self.output}/{paths.STATE_DIR}")
+            lines.append("NOTHING TO VERIFY")
+            return "\n".join(lines)
         for s in self.shards:
             pending = max(s.total - s.saved - s.failed, 0)
             state = "finished" if s.finished else f"{pending} pending"
@@ -91,7 +113,15 @@ class VerifyReport:
             lines.extend(f"    {p}" for p in self.problems[:50])
             if len(self.problems) > 50:
                 lines.append(f"    ... and {len(self.problems) - 50} more (see --json)")
-        lines.append("OK" if self.ok else "INCONSISTENT")
+        if self.repair_error:
+            lines.append(f"  not repaired: {self.repair_error}")
+        if self.repaired:
+            lines.append(f"  repaired {len(self.repaired)} sample(s):")
+            lines.extend(f"    {r}" for r in self.repaired[:50])
+            lines.append("  rerun the same `eagle3d run` command to extract them again")
+            lines.append("REPAIRED")
+        else:
+            lines.append("OK" if self.ok else "INCONSISTENT")
         return "\n".join(lines)
 
 
@@ -156,8 +186,13 @@ class _ShardFold:
                     self.problems.append(f"sample {e.idx}: saved twice in {self.sr.shard}")
                 self.saved[e.idx] = e
                 self.failed.discard(e.idx)
-            elif isinstance(e, ev.SampleFailed) and not e.retry:
-                self.failed.add(e.idx)
+            elif isinstance(e, ev.SampleInvalid):  # repaired: no longer saved, redone
+                self.saved.pop(e.idx, None)
+            elif isinstance(e, ev.SampleFailed):  # the latest record of a sample wins
+                if e.retry:
+                    self.failed.discard(e.idx)
+                else:
+                    self.failed.add(e.idx)
             elif isinstance(e, ev.RunStarted):
                 self.sr.total = e.total
                 self.sr.finished = False
@@ -198,7 +233,64 @@ def verify(output: str, *, quick: bool = False, jobs: int = 4) -> VerifyReport:
             report.bytes_checked += rec.bytes
             if problem:
                 report.problems.append(problem)
+                report.damaged[rec.idx] = problem
+    report.saved_records = saved
     return report
+
+
+def repair(report: VerifyReport) -> None:
+    """Journal each damaged or missing sample of ``report`` as invalid in its shard's
+    journal, its file (if any) moved aside. Fills ``report.repaired``; a shard whose daemon
+    is running is left alone (``report.repair_error``)."""
+    output = report.output
+    by_shard: dict[Shard, list[int]] = {}
+    for shard, _ in paths.shard_dirs(output):
+        ids = sorted(i for i in report.damaged if shard.owns(i))
+        if ids:
+            by_shard[shard] = ids
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for shard, ids in by_shard.items():
+        lock = ShardLock(paths.lock_path(output, shard))
+        try:
+            lock.acquire()
+        except Fatal as e:
+            report.repair_error = f"{shard.name}: {e}; stop it, then repair"
+            continue
+        try:
+            writer = JournalWriter(
+                paths.journal_dir(output, shard),
+                shard_index=shard.index,
+                shard_count=shard.count,
+                background=False,
+            )
+            writer.open()
+            try:
+                for idx in ids:
+                    rec = report.saved_records[idx]
+                    kept = _move_aside(output, rec.path, stamp)
+                    writer.append(
+                        ev.SampleInvalid(
+                            idx=idx, path=rec.path, reason=report.damaged[idx], kept=kept
+                        )
+                    )
+                    where = f"moved to {kept}" if kept else "no file"
+                    report.repaired.append(f"sample {idx}: {report.damaged[idx]} ({where})")
+            finally:
+                writer.close()
+        finally:
+            lock.release()
+
+
+def _move_aside(output: str, relpath: str, stamp: str) -> str:
+    """Move a damaged sample file to OUTPUT/.eagle3d/damaged/<relpath>.<stamp>; '' when
+    there is no file. Never deletes: the bytes stay for whoever wants to look."""
+    src = os.path.join(output, relpath)
+    if not os.path.lexists(src):
+        return ""
+    dst = os.path.join(paths.state_dir(output), "damaged", f"{relpath}.{stamp}")
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    os.rename(src, dst)
+    return os.path.relpath(dst, output)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -207,17 +299,26 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="check every committed sample against the journal",
         description="Check each sample the journal says is saved: present, size and checksum "
         "match, tensors load with the right shapes. Exit 0 only if all is consistent "
-        "(1: a problem was found, 2: no journal under --output).",
+        "(1: a problem was found, or repaired; 2: no journal under --output). "
+        "--repair journals damaged or missing samples as invalid (files moved aside to "
+        "OUTPUT/.eagle3d/damaged/, never deleted); the next `eagle3d run` redoes them.",
     )
-    p.add_argument("--output", required=True, help="output directory of a job")
+    p.add_argument("--output", "-o", required=True, help="output directory of a job")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.add_argument("--quick", action="store_true", help="sizes only: skip checksums and loads")
     p.add_argument("--jobs", type=int, default=4, help="files checked in parallel")
+    p.add_argument(
+        "--repair",
+        action="store_true",
+        help="journal damaged or missing samples as invalid so that the next run redoes them",
+    )
     p.set_defaults(func=cmd_verify)
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
     report = verify(args.output, quick=args.quick, jobs=args.jobs)
+    if args.repair and report.damaged:
+        repair(report)
     if args.json:
         sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")
     else:
@@ -227,4 +328,4 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return report.exit_code
 
 
-__all__ = ["VerifyReport", "check_sample", "register", "verify"]
+__all__ = ["VerifyReport", "check_sample", "register", "repair", "verify"]

@@ -64,6 +64,7 @@ class RunStarted(Event, tag="run_started"):
     socket: str = ""
     already_saved: int = 0
     already_failed: int = 0
+    skipped: int = 0  # blank lines of this shard: no samples, not counted in total
 
 
 class SampleSent(Event, tag="sample_sent"):
@@ -96,7 +97,11 @@ class SampleSaved(Event, tag="sample_saved"):
 
 
 class SampleFailed(Event, tag="sample_failed"):
-    """An attempt failed; ``retry`` says whether the sample will be tried again."""
+    """An attempt failed; ``retry`` says whether the sample will be tried again.
+
+    ``environment``: the failure was not the sample's own (a stop, a signal, a full or
+    unwritable disk); it counts no attempt and the sample is always tried again.
+    """
 
     durable: ClassVar[bool] = True
     idx: int
@@ -104,6 +109,18 @@ class SampleFailed(Event, tag="sample_failed"):
     message: str = ""
     attempt: int = 1
     retry: bool = False
+    environment: bool = False
+
+
+class SampleInvalid(Event, tag="sample_invalid"):
+    """A committed sample was found damaged or missing (``eagle3d verify --repair``): it is
+    no longer saved, its file (if any) was moved to ``kept``, and the next run redoes it."""
+
+    durable: ClassVar[bool] = True
+    idx: int
+    path: str = ""
+    reason: str = ""
+    kept: str = ""
 
 
 class DiskUsage(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -180,11 +197,16 @@ class RunStopped(Event, tag="run_stopped"):
 
 
 class RunFinished(Event, tag="run_finished"):
-    """Every sample of the shard is saved or recorded as failed."""
+    """Every sample of the shard is saved or recorded as failed.
+
+    ``exit_code`` is the run's outcome: 0, or non-zero when every sample failed or more
+    than the allowed share did (``eagle3d run --max-failed-fraction``).
+    """
 
     durable: ClassVar[bool] = True
     saved: int = 0
     failed: int = 0
+    exit_code: int = 0
 
 
 class Recovered(Event, tag="recovered"):
@@ -213,6 +235,7 @@ KnownEvent = (
     | SampleDumped
     | SampleSaved
     | SampleFailed
+    | SampleInvalid
     | Stats
     | RunState
     | ProducerEvent
@@ -231,6 +254,7 @@ KINDS: dict[str, type[Event]] = {
         SampleDumped,
         SampleSaved,
         SampleFailed,
+        SampleInvalid,
         Stats,
         RunState,
         ProducerEvent,

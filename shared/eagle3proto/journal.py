@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import os
 import threading
@@ -322,6 +323,8 @@ class JournalWriter:
             # An earlier session opened a segment at this seq and wrote nothing valid to it.
             os.replace(name, name + f".empty-{time.time_ns()}")
         tmp = name + ".tmp"
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)  # left by an attempt that failed (disk full): start it again
         fd = self.fs.create_exclusive(tmp)
         try:
             if self.fs.write(fd, header) != len(header):
@@ -365,7 +368,14 @@ class JournalWriter:
         if not events:
             return
         if self._seg_size >= self.segment_bytes:
-            self._rotate()
+            try:
+                self._rotate()
+            except JournalError:
+                raise
+            except OSError as e:  # a new segment refused (disk full, permission removed)
+                raise JournalError(
+                    e.errno or 5, f"journal rotation failed: {e}", self._segment
+                ) from e
         any_durable = False
         with self._lock:
             if self._closed:
@@ -498,8 +508,11 @@ class JournalWriter:
             self.fs.fdatasync(self._fd)
             self._synced_seq = self._written_seq
             self._durable_pending.clear()
-            self.fs.close(self._fd)
+            old = self._fd
+            # The new segment first: if it cannot be made (disk full, permission removed),
+            # the old one stays open and the next append tries again.
             self._start_segment()
+            self.fs.close(old)
         self._emit()
 
     def _run(self) -> None:
@@ -514,6 +527,25 @@ class JournalWriter:
                     last_sync = now
             except JournalError:
                 continue  # the appender that hits it next reports it
+
+    def segment(self) -> tuple[str, int]:
+        """(path, descriptor) of the segment being appended to; descriptor -1 when closed."""
+        with self._lock:
+            return self._segment, (-1 if self._closed else self._fd)
+
+    def abandon(self) -> None:
+        """Stop without writing anything more: buffered chatty records are dropped. For a
+        journal whose file is no longer where readers look (removed, moved, replaced)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        with self._lock:
+            self._buf.clear()
+            self._buf_events.clear()
+            self._buf_bytes = 0
+            if not self._closed:
+                self._closed = True
+                self.fs.close(self._fd)
 
     def close(self) -> None:
         """Sync everything and close the current segment."""

@@ -78,7 +78,7 @@ def shard_dirs(output: str) -> list[tuple[Shard, str]]:
     root = journal_root(output)
     try:
         names = sorted(os.listdir(root))
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return []
     found = []
     for n in names:

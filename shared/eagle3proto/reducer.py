@@ -7,7 +7,8 @@ screen shows, given ``now``: time is an argument, never read here.
 
 Counters (distinct samples, never requests):
 
-* ``saved``: committed; ``failed``: recorded as failed for good;
+* ``saved``: committed (less any a repair found damaged: ``sample_invalid``); ``failed``:
+  recorded as failed for good (until a later retry of the same sample reopens it);
 * ``in_flight``: sent, no dump yet; ``committing``: dump arrived, not yet saved;
 * ``dumped = saved + committing`` and ``sent = dumped + in_flight``, so the two gaps
   between the columns are exactly what is in flight and what is committing.
@@ -80,6 +81,8 @@ class ShardState(msgspec.Struct, kw_only=True):
     first_ts: float = 0.0
     session_start_ts: float = 0.0
     stop_code: int = 0  # exit code of the last run_stopped (0: clean, resumable)
+    finish_code: int = 0  # exit code of the last run_finished (non-zero: too many failed)
+    skipped: int = 0  # blank lines of the shard (no samples)
 
 
 def new_state() -> ShardState:
@@ -141,6 +144,8 @@ def _run_started(s: ShardState, e: ev.RunStarted) -> None:
     s.state = "running"
     s.state_reason = ""
     s.stop_code = 0
+    s.finish_code = 0
+    s.skipped = e.skipped
     s.session_start_ts = e.ts
     s.changed["sent"] = e.ts
 
@@ -187,6 +192,17 @@ def _saved(s: ShardState, e: ev.SampleSaved) -> None:
     b.bytes += e.bytes
 
 
+def _invalid(s: ShardState, e: ev.SampleInvalid) -> None:
+    # verify --repair found a committed sample damaged: it is pending again. The byte and
+    # token totals keep what was written; the history keeps when it was.
+    s.saved = max(s.saved - 1, 0)
+    s.changed["saved"] = e.ts
+    if s.state == "finished":
+        s.state = "stopped"
+        s.state_reason = "repaired: damaged samples to redo"
+        s.finish_code = 0
+
+
 def _failed(s: ShardState, e: ev.SampleFailed) -> None:
     s.errors.append(
         ErrorInfo(
@@ -196,6 +212,10 @@ def _failed(s: ShardState, e: ev.SampleFailed) -> None:
     if len(s.errors) > MAX_ERRORS:
         del s.errors[0]
     if e.retry:
+        # The latest record of a sample wins: a retry after a failure "for good" reopens it
+        # (a daemon retrying what an older version wrongly recorded as the sample's fault).
+        if s.failed_idx.pop(e.idx, None) is not None:
+            s.failed -= 1
         return
     _set_stage(s, e.idx, 0, e.ts)
     if e.idx not in s.failed_idx:
@@ -235,6 +255,7 @@ def _finished(s: ShardState, e: ev.RunFinished) -> None:
     s.in_flight = s.committing = 0
     s.state = "finished"
     s.state_reason = ""
+    s.finish_code = e.exit_code
 
 
 def _recovered(s: ShardState, e: ev.Recovered) -> None:
@@ -247,6 +268,7 @@ _HANDLERS: dict[str, Callable[[ShardState, Any], None]] = {
     "sample_dumped": _dumped,
     "sample_saved": _saved,
     "sample_failed": _failed,
+    "sample_invalid": _invalid,
     "stats": _stats,
     "run_state": _run_state,
     "producer": _producer,
@@ -353,7 +375,8 @@ def view(s: ShardState, now: float, label: str = "", window: float = 60.0) -> Vi
     r = rates(s.history, now, window, since)
     r10 = rates(s.history, now, 10.0, since)
     newest = max(s.last_ts.values()) if s.last_ts else None
-    pct = 100.0 * (s.saved + s.failed) / total if total > 0 else (100.0 if total == 0 else 0.0)
+    # Saved of total: a failed sample is not done work ("saved 0 / 218 (0 %), 218 failed").
+    pct = 100.0 * s.saved / total if total > 0 else (100.0 if total == 0 else 0.0)
     return View(
         label=label,
         state=s.state,
@@ -404,7 +427,7 @@ def combine(views: list[View], now_label: str = "total") -> View:
         setattr(out, f, sum(getattr(v, f) for v in views))
     out.rate = _sum_rates(v.rate for v in views)
     out.rate_1m = _sum_rates(v.rate_1m for v in views)
-    out.percent = 100.0 * (out.saved + out.failed) / total if total > 0 else 0.0
+    out.percent = 100.0 * out.saved / total if total > 0 else 0.0
     states = {v.state for v in views}
     out.state = next(
         (

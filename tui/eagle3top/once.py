@@ -287,7 +287,7 @@ def render_text(doc: OnceDoc, report: Report, color: bool) -> str:
 def _counts_lines(c: Counts, now: float) -> list[str]:
     total = "?" if c.total is None else fmt.count(c.total)
     lines = [
-        f"saved {fmt.count(c.saved)} / {total} ({c.percent:.1f}%)  failed {fmt.count(c.failed)}"
+        f"saved {fmt.count(c.saved)} / {total} ({c.percent:.1f}%), {fmt.count(c.failed)} failed"
         f"  in flight {fmt.count(c.in_flight)}  committing {fmt.count(c.committing)}",
         f"rate {fmt.rate(c.rate_samples_s, 'samples')}  {fmt.rate(c.rate_tokens_s, 'tokens')}"
         f"  {fmt.size(c.rate_bytes_s)}/s",

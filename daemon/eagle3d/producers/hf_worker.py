@@ -27,6 +27,7 @@ import contextlib
 import errno
 import os
 import queue
+import signal
 import sys
 import threading
 import time
@@ -416,6 +417,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="auto")
     p.add_argument("--threads", type=int, default=0)
     args = p.parse_args(argv)
+    # A terminal's Ctrl-C, and SIGTERM or SIGHUP sent to the whole process group (scancel,
+    # kill -- -PGID, a container stop), are the daemon's to act on: it stops this worker in
+    # order ("stop" on stdin) once the batches in flight are done. SIGKILL still ends it.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
     malloc = tune_malloc()  # before the model loads: its blocks follow the new rule too
     if args.threads:
         import torch
