@@ -7,6 +7,7 @@ folds replayed journal records into the per-sample status the daemon resumes fro
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 
@@ -14,7 +15,7 @@ from eagle3proto import events as ev
 from eagle3proto import reducer
 from eagle3proto.paths import Shard
 
-from . import __version__, config
+from . import __version__, config, storedtype
 from .preflight import EXIT_CONFIG, EXIT_FINGERPRINT, Fatal
 
 PENDING, SAVED, FAILED = 0, 1, 2
@@ -28,6 +29,7 @@ _COMPARED = (
     "aux_layers",
     "max_length",
     "on_overflow",
+    "store_dtype",
 )
 
 
@@ -52,7 +54,12 @@ def describe(cfg: config.JobConfig, shard: Shard, output: str) -> JobFacts:
         raise Fatal(EXIT_CONFIG, f"aux_layers {bad} outside 0..{n_layers - 1} of {cfg.model}")
     lines = count_lines(cfg.dataset)
     with open(os.path.join(cfg.model, "config.json"), "rb") as f:
-        model_sha = config.fingerprint({"config": f.read().decode(errors="replace")})
+        raw = f.read().decode(errors="replace")
+    model_sha = config.fingerprint({"config": raw})
+    try:
+        store = storedtype.resolve(cfg.store_dtype, json.loads(raw))
+    except ValueError as e:
+        raise Fatal(EXIT_CONFIG, str(e)) from e
     job = ev.JobInfo(
         model=os.path.abspath(cfg.model),
         dataset=os.path.abspath(cfg.dataset),
@@ -65,6 +72,7 @@ def describe(cfg: config.JobConfig, shard: Shard, output: str) -> JobFacts:
         backend=cfg.backend,
         max_length=cfg.max_length,
         on_overflow=cfg.on_overflow,
+        store_dtype=store.name,
         version=__version__,
     )
     job.fingerprint = config.fingerprint(
@@ -74,6 +82,7 @@ def describe(cfg: config.JobConfig, shard: Shard, output: str) -> JobFacts:
             "aux_layers": job.aux_layers,
             "max_length": job.max_length,
             "on_overflow": job.on_overflow,
+            "store_dtype": job.store_dtype,
             "shard": [job.shard_index, job.shard_count],
         }
     )

@@ -31,7 +31,7 @@ from eagle3proto.fileops import OsFileOps
 from eagle3proto.journal import JournalError, JournalWriter
 from eagle3proto.paths import Shard
 
-from . import config, faults, job
+from . import config, faults, job, storedtype
 from .cli import EXIT_CODES
 from .commit import CommitError, Committer
 from .dump import BadDump, DumpVanished, rid_of, vanished
@@ -258,7 +258,7 @@ class Daemon:
         )
         await self._start_server()
         self.dump_dir = cfg.dump_dir or _default_dump_dir(self.run_id, self.shard)
-        self.committer = Committer(self.output)
+        self.committer = Committer(self.output, store=storedtype.get(self.job.store_dtype))
         # The daemon's own tensor work (validate, torch.save) is memory-bound: one intra-op
         # thread, so OpenMP spinning never steals cores from a producer on the same host.
         import torch
@@ -277,7 +277,12 @@ class Daemon:
         threads = cfg.commit_thread_count()
         self.commit_pool = ThreadPoolExecutor(threads, thread_name_prefix="commit")
         self.commit_threads = threads
-        log.info("committing to %s with %d threads", self.output, threads)
+        log.info(
+            "committing to %s with %d threads, states stored as %s",
+            self.output,
+            threads,
+            self.job.store_dtype,
+        )
         starting = asyncio.create_task(self._start_producer())
         stop = asyncio.create_task(self.done.wait())
         await asyncio.wait({starting, stop}, return_when=asyncio.FIRST_COMPLETED)
@@ -341,7 +346,7 @@ class Daemon:
                 dump_dir=self.dump_dir,
                 hidden_size=self.hidden_size,
                 aux_layers=self.layers,
-                dtype=cfg.dtype if cfg.dtype != "auto" else "bfloat16",
+                dtype=self.job.store_dtype,
                 threads=(cfg.workers or 1) + 1,
                 window=cfg.concurrency or 8,
             )
@@ -367,6 +372,7 @@ class Daemon:
                 batch_tokens=cfg.batch_tokens,
                 device=cfg.device,
                 dtype=cfg.dtype,
+                store_dtype=self.job.store_dtype,
                 hang_timeout=cfg.request_timeout,
                 window=cfg.concurrency,
             )
