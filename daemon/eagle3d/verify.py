@@ -150,12 +150,12 @@ def _check_tensors(path: str, rec: ev.SampleSaved, store_dtype: str) -> str | No
     if not store_dtype:
         return None
     try:
-        want = storedtype.get(store_dtype).torch_dtype
+        stored = storedtype.get(store_dtype).torch_dtype
     except ValueError as e:
         return f"sample {rec.idx}: {e} (in the journal's run_started record)"
     for name, x in (("hidden_state", hid), ("aux_hidden_state", aux)):
         got = str(x.dtype).removeprefix("torch.")
-        if got != want:
+        if got != stored:
             return f"sample {rec.idx}: {name} is {got}, the job stores {store_dtype}"
     return None
 
