@@ -258,7 +258,7 @@ def test_the_journal_carries_the_resolved_dtype_and_a_resume_with_another_is_ref
 def test_verify_checks_each_sample_against_its_sessions_dtype(
     tiny_model_dir: Path, data: Path, tmp_path: Path
 ) -> None:
-    """A run stored in float32 (asked), then forced on in bfloat16 after a crash: each file
+    """A run stored in float32 (asked), stopped, then forced on in bfloat16: each file
     is checked against the dtype of the session that saved it, and the report says both."""
     out = tmp_path / "out"
     # One sample per batch and a rest after each, so that the stop comes mid-run.
@@ -304,3 +304,47 @@ def test_verify_checks_each_sample_against_its_sessions_dtype(
     assert problem == f"sample {idx}: hidden_state is float32, the job stores bfloat16"
     as_json = json.loads(json.dumps(report.to_dict()))
     assert as_json["shards"][0]["store_dtype"] == "bfloat16, float32"
+
+
+# -- the SGLang hook casts on the device, when its config says so ------------------------------
+
+
+def _hooked_dumps(model_dir: Path, dumps: Path, store_dtype: str | None) -> Dump:
+    sys.path.insert(0, os.path.dirname(__file__))
+    import sglang_standin as st
+    from eagle3d import sglang_hook as sh
+
+    model, _ = st.load_standin(str(model_dir))
+    st.register_forward_hooks(model, [sh.hook_spec(str(dumps), None, 4, store_dtype)])
+    (cap,) = [h for m in model.modules() for h in m._forward_hooks.values() if isinstance(h, sh.Capture)]  # fmt: skip
+    ids = [(3 * k) % 800 + 5 for k in range(40)]
+    st.Scheduler(model).run([(sh.sglang_rid("s1", ids), ids)])
+    assert cap.writer is not None
+    cap.writer.drain()
+    return read_dump(str(dumps / "s1.e3dump"))
+
+
+def test_the_sglang_hook_casts_to_the_storage_dtype_its_config_names(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    plain = _hooked_dumps(tiny_model_dir, tmp_path / "a", None)
+    cast = _hooked_dumps(tiny_model_dir, tmp_path / "b", "bfloat16")
+    assert plain.hidden_state.dtype == torch.float32
+    assert cast.aux_hidden_state.dtype == cast.hidden_state.dtype == torch.bfloat16
+    assert torch.equal(cast.aux_hidden_state, plain.aux_hidden_state.to(torch.bfloat16))
+    assert torch.equal(cast.hidden_state, plain.hidden_state.to(torch.bfloat16))
+
+
+def test_the_hook_refuses_an_unknown_storage_dtype_and_the_launcher_passes_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from eagle3d import sglang_hook as sh
+    from eagle3d.cli import main
+
+    with pytest.raises(sh.HookLoadError, match="store_dtype: 'fp3' is not one of"):
+        sh.make_hook({"dump_dir": str(tmp_path), "store_dtype": "fp3"}, model=torch.nn.Linear(1, 1))
+    assert "store_dtype" not in sh.hook_spec(str(tmp_path))["config"]
+    assert main(["sglang-args", "--dump-dir", str(tmp_path), "--store-dtype", "bfloat16", "--format", "json"]) == 0  # fmt: skip
+    args = json.loads(capsys.readouterr().out)["args"]
+    (spec,) = json.loads(args[args.index("--forward-hooks") + 1])
+    assert spec["config"]["store_dtype"] == "bfloat16"
