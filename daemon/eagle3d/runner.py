@@ -277,12 +277,7 @@ class Daemon:
         threads = cfg.commit_thread_count()
         self.commit_pool = ThreadPoolExecutor(threads, thread_name_prefix="commit")
         self.commit_threads = threads
-        log.info(
-            "committing to %s with %d threads, states stored as %s",
-            self.output,
-            threads,
-            self.job.store_dtype,
-        )
+        log.info("committing to %s with %d threads", self.output, threads)
         starting = asyncio.create_task(self._start_producer())
         stop = asyncio.create_task(self.done.wait())
         await asyncio.wait({starting, stop}, return_when=asyncio.FIRST_COMPLETED)
