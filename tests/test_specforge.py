@@ -110,9 +110,10 @@ def train(cwd: Path, name: str = "train", *overrides: str) -> tuple[int, str, li
 def assert_trained(rc: int, log: str, steps: list[dict[str, Any]], n: int) -> None:
     assert rc == 0, log[-4000:]
     assert len(steps) == n, log[-4000:]
-    for s in steps:
-        losses = [s["loss"], *(s[f"ploss_{i}"] for i in range(7))]
-        assert all(math.isfinite(x) and x > 0 for x in losses), s
+    losses = [[s["loss"], *(s[f"ploss_{i}"] for i in range(7))] for s in steps]
+    # A step is 0 when its sample has no loss token within data.max_length; not every one.
+    assert all(math.isfinite(x) and x >= 0 for step in losses for x in step), losses
+    assert any(step[0] > 0 for step in losses), losses
 
 
 def verify_json(output: Path) -> dict[str, Any]:
