@@ -105,15 +105,41 @@ def test_cli_sizes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "vocab 400" in capsys.readouterr().out
 
 
-def test_vocab_is_an_upper_bound(tmp_path: Path) -> None:
-    from transformers import AutoTokenizer
+def test_vocab_is_honoured_beyond_what_the_tokenizer_learns(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--vocab 4096`` wrote vocab_size 1141 without a word; now the model has exactly the
+    rows asked for, the tokenizer the ids BPE learns, and the command says both."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    d = Path(
-        build_tiny_model(tmp_path / "m", layers=1, hidden=16, heads=2, kv_heads=1, vocab=50_000)
-    )
-    cfg = read_config(d)
-    assert 263 < cfg["vocab_size"] < 50_000
-    assert cfg["vocab_size"] == len(AutoTokenizer.from_pretrained(d))
+    d = tmp_path / "m"
+    argv = ["tiny-model", str(d), "--layers", "1", "--hidden", "16", "--heads", "2"]
+    assert run_cli([*argv, "--kv-heads", "1", "--vocab", "4096"]) == 0
+    assert read_config(d)["vocab_size"] == 4096
+    tok = AutoTokenizer.from_pretrained(d)
+    assert 263 < len(tok) < 4096
+    assert f"vocab 4096 (its tokenizer uses {len(tok)} of them)" in capsys.readouterr().out
+    model = AutoModelForCausalLM.from_pretrained(d)
+    assert model.get_input_embeddings().weight.shape == (4096, 16)
+    ids = tok("hello world", return_tensors="pt").input_ids
+    with torch.no_grad():
+        assert model(ids).logits.shape[-1] == 4096
+
+
+def test_safetensors_index_names_every_tensor(tiny_model_dir: Path) -> None:
+    """A trainer that loads one tensor by name (SpecForge's TargetHead) finds it through the
+    index, as in a sharded checkpoint; transformers still loads the single file."""
+    from safetensors import safe_open
+
+    index = json.loads((tiny_model_dir / "model.safetensors.index.json").read_text())
+    with safe_open(str(tiny_model_dir / "model.safetensors"), framework="pt") as f:
+        keys = set(f.keys())
+        total = sum(f.get_tensor(k).numel() * f.get_tensor(k).element_size() for k in keys)
+    assert set(index["weight_map"]) == keys
+    assert set(index["weight_map"].values()) == {"model.safetensors"}
+    assert index["weight_map"]["lm_head.weight"] == "model.safetensors"
+    assert index["metadata"]["total_size"] == total
 
 
 @pytest.mark.parametrize(

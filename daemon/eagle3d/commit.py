@@ -8,6 +8,11 @@ may the caller append ``sample_saved`` to the journal. A crash at any instant le
 sample either complete under its final name, or absent (a stray temp file is removed at the
 next start). :meth:`Committer.commit_many` does this for a batch, with one directory sync
 per row directory for all of it.
+
+The states are written in the job's storage format (:mod:`eagle3d.storedtype`): a dump that
+arrives in another float dtype is cast on its way into the archive (in
+:func:`eagle3d.splice.stage`, within the read it already does), and the NaN/Inf check runs
+on what is stored, so a float16 overflow is caught too.
 """
 
 from __future__ import annotations
@@ -27,9 +32,10 @@ from typing import TYPE_CHECKING, Any
 
 from eagle3proto.paths import TMP_MARK, sample_relpath
 
-from . import ckpt, faults, splice
+from . import ckpt, faults, splice, storedtype
 from .crc import crc32
 from .dump import BadDump, Dump, read_dump
+from .storedtype import StoreFormat
 
 if TYPE_CHECKING:
     import numpy as np
@@ -199,11 +205,14 @@ def _own(t: torch.Tensor) -> torch.Tensor:
 
 
 class Committer:
-    """Writes samples under ``output``; thread-safe (several commit threads share one)."""
+    """Writes samples under ``output``; thread-safe (several commit threads share one).
 
-    def __init__(self, output: str, direct: bool = True) -> None:
+    ``store`` is the storage format of the states (None: as dumped)."""
+
+    def __init__(self, output: str, direct: bool = True, store: StoreFormat | None = None) -> None:
         self.output = output
         os.makedirs(output, exist_ok=True)  # here, once: never again under a running job
+        self.store = store
         # Samples are written with O_DIRECT where the filesystem allows it (see
         # ckpt.write_direct); the first refusal switches to buffered writes for good.
         self.direct = direct
@@ -365,10 +374,10 @@ class Committer:
         """Check the dump at ``path`` and write it as sample ``idx`` under a temp name (as
         :meth:`_write_temp`). Raises BadDump for a dump that fails the checks."""
         staged = splice.stage(
-            path, input_ids, loss_mask, hidden_size, layers, self._buffer(), DIRECT_MAX
+            path, input_ids, loss_mask, hidden_size, layers, self._buffer(), DIRECT_MAX, self.store
         )
         if staged is None:  # not the usual kind, or bad: the general path says why
-            dump = read_dump(path)
+            dump = self._stored(read_dump(path))
             validate(dump, input_ids, hidden_size, layers)
             return self._write_temp(idx, input_ids, loss_mask, dump)
         size = staged.written.nbytes
@@ -421,14 +430,28 @@ class Committer:
             os.ftruncate(fd, 0)
             ckpt.flush_direct(fd, view, size)
 
+    def _stored(self, dump: Dump) -> Dump:
+        """The dump with its states in the storage format (the same object if they are)."""
+        if self.store is None:
+            return dump
+        aux = dump.aux_hidden_state
+        hid = dump.hidden_state
+        if not (aux.is_floating_point() and hid.is_floating_point()):
+            return dump  # validate() words it
+        dump.aux_hidden_state = storedtype.cast(aux, self.store)
+        dump.hidden_state = storedtype.cast(hid, self.store)
+        return dump
+
     def _write_temp(
         self, idx: int, input_ids: list[int], loss_mask: list[int], dump: Dump
     ) -> _Temp:
-        """Write sample ``idx`` from a loaded dump under a temp name (see :meth:`_new_temp`).
+        """Write sample ``idx`` from a loaded dump under a temp name (see :meth:`_new_temp`),
+        its states in the storage format.
 
         Returns (descriptor, temp path, directory, final name, relpath, size, checksum)."""
         import torch
 
+        dump = self._stored(dump)
         payload = {
             "input_ids": torch.tensor(input_ids, dtype=torch.int64),
             "loss_mask": torch.tensor(loss_mask, dtype=torch.int64),

@@ -16,6 +16,8 @@ from typing import Any
 import msgspec
 from eagle3proto.paths import Shard
 
+from . import storedtype
+
 
 class ConfigError(ValueError):
     """A configuration problem; the message names the file and key."""
@@ -43,6 +45,7 @@ class JobConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     worker_threads: int = 0  # 0: the CPUs divided among the workers
     device: str = "auto"
     dtype: str = "auto"
+    store_dtype: str = "auto"  # see eagle3d.storedtype: auto = the model's own 16-bit dtype
     commit_threads: int = 0  # 0: automatic, see commit_thread_count()
     force_resume: bool = False
     max_failed_fraction: float = 0.05  # more failures for good than this: exit 9
@@ -56,6 +59,7 @@ class JobConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         _choice("on_overflow", self.on_overflow, ("truncate", "skip"))
         _choice("device", self.device, ("auto", "cpu", "cuda"))
         _choice("dtype", self.dtype, ("auto", "float32", "bfloat16", "float16"))
+        _choice("store_dtype", self.store_dtype, storedtype.CHOICES)
         if self.backend == "sglang" and not self.server:
             raise ConfigError("backend 'sglang' needs server (--server URL)")
         if self.backend == "sglang" and not self.dump_dir:
@@ -190,7 +194,18 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
         help="torch threads in each HF worker (default: the CPUs divided among the workers)",
     )
     a("--device", choices=("auto", "cpu", "cuda"))
-    a("--dtype", choices=("auto", "float32", "bfloat16", "float16"))
+    a(
+        "--dtype",
+        choices=("auto", "float32", "bfloat16", "float16"),
+        help="compute dtype (default: float32 on a CPU, bfloat16 on a GPU)",
+    )
+    a(
+        "--store-dtype",
+        choices=storedtype.CHOICES,
+        dest="store_dtype",
+        help="dtype of the states in the files, whatever the compute dtype (default auto: the"
+        " model's own 16-bit dtype from its config, else bfloat16; float32 only when asked)",
+    )
     a(
         "--commit-threads",
         type=int,

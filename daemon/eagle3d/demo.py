@@ -48,7 +48,8 @@ def run_demo(
     os.makedirs(directory, exist_ok=True)
     model = os.path.join(directory, "model")
     output = os.path.join(directory, "out")
-    if not os.path.exists(os.path.join(model, "config.json")):
+    # A model built before tiny models carried their safetensors index is built again.
+    if not os.path.exists(os.path.join(model, "model.safetensors.index.json")):
         print(f"building a tiny Llama ({layers} layers, hidden {hidden}) in {model} ...")
         build_tiny_model(model, layers=layers, hidden=hidden)
     if os.path.exists(output) and not keep:

@@ -7,7 +7,10 @@ A dump is a safetensors file ``<dump_dir>/<rid>.e3dump`` holding
 * ``hidden_state`` ``[T, H]`` - the final, post-norm state,
 
 with string metadata ``format`` (``eagle3-dump-v1``), ``rid``, ``layers`` ("2,16,29") and
-``dtype``. It is written to ``.<rid>.e3dump.tmp`` and renamed into place when complete, so
+``dtype``. The two states share one float dtype (F32, BF16 or F16), which ``dtype`` names:
+the job's storage dtype (:mod:`eagle3d.storedtype`) when the producer was told it (the HF
+worker always is, the SGLang hook when its config has ``store_dtype``), the compute dtype
+otherwise; the commit casts a dump in another dtype than the job's. It is written to ``.<rid>.e3dump.tmp`` and renamed into place when complete, so
 the daemon only ever sees whole files. Only torch and safetensors are needed here: the
 SGLang capture hook imports this module inside SGLang's worker processes. The file is written
 by :func:`safetensors_parts` (one ``writev`` from the tensors' memory) and read by safetensors.

@@ -7,6 +7,7 @@ folds replayed journal records into the per-sample status the daemon resumes fro
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,7 +16,7 @@ from eagle3proto import events as ev
 from eagle3proto import reducer
 from eagle3proto.paths import Shard
 
-from . import __version__, config
+from . import __version__, config, storedtype
 from .envfault import recorded_failure_is_environment
 from .preflight import EXIT_CONFIG, EXIT_FAILED, EXIT_FINGERPRINT, EXIT_OK, Fatal
 
@@ -30,6 +31,7 @@ _COMPARED = (
     "aux_layers",
     "max_length",
     "on_overflow",
+    "store_dtype",
 )
 
 
@@ -58,7 +60,12 @@ def describe(cfg: config.JobConfig, shard: Shard, output: str) -> JobFacts:
     lines, blank_ids = dataformats.count(cfg.dataset, fmt)
     blank = [i for i in blank_ids if shard.owns(i)]
     with open(os.path.join(cfg.model, "config.json"), "rb") as f:
-        model_sha = config.fingerprint({"config": f.read().decode(errors="replace")})
+        raw = f.read().decode(errors="replace")
+    model_sha = config.fingerprint({"config": raw})
+    try:
+        store = storedtype.resolve(cfg.store_dtype, json.loads(raw))
+    except ValueError as e:
+        raise Fatal(EXIT_CONFIG, str(e)) from e
     job = ev.JobInfo(
         model=os.path.abspath(cfg.model),
         dataset=os.path.abspath(cfg.dataset),
@@ -71,6 +78,7 @@ def describe(cfg: config.JobConfig, shard: Shard, output: str) -> JobFacts:
         backend=cfg.backend,
         max_length=cfg.max_length,
         on_overflow=cfg.on_overflow,
+        store_dtype=store.name,
         version=__version__,
     )
     job.fingerprint = config.fingerprint(
@@ -80,6 +88,7 @@ def describe(cfg: config.JobConfig, shard: Shard, output: str) -> JobFacts:
             "aux_layers": job.aux_layers,
             "max_length": job.max_length,
             "on_overflow": job.on_overflow,
+            "store_dtype": job.store_dtype,
             "shard": [job.shard_index, job.shard_count],
         }
     )

@@ -31,7 +31,7 @@ from eagle3proto.fileops import OsFileOps
 from eagle3proto.journal import JournalError, JournalWriter
 from eagle3proto.paths import Shard
 
-from . import config, envfault, faults, guard, job
+from . import config, envfault, faults, guard, job, storedtype
 from .cli import EXIT_CODES
 from .commit import CommitError, Committer
 from .dump import BadDump, DumpVanished, rid_of, vanished
@@ -309,7 +309,7 @@ class Daemon:
         await self._start_server()
         self.dump_dir = cfg.dump_dir or _default_dump_dir(self.run_id, self.shard)
         self.bytes_per_token = float((1 + len(self.layers)) * self.hidden_size * 4 + 8)
-        self.committer = Committer(self.output)
+        self.committer = Committer(self.output, store=storedtype.get(self.job.store_dtype))
         # The daemon's own tensor work (validate, torch.save) is memory-bound: one intra-op
         # thread, so OpenMP spinning never steals cores from a producer on the same host.
         import torch
@@ -420,7 +420,7 @@ class Daemon:
                 dump_dir=self.dump_dir,
                 hidden_size=self.hidden_size,
                 aux_layers=self.layers,
-                dtype=cfg.dtype if cfg.dtype != "auto" else "bfloat16",
+                dtype=self.job.store_dtype,
                 threads=(cfg.workers or 1) + 1,
                 window=cfg.concurrency or 8,
             )
@@ -446,6 +446,7 @@ class Daemon:
                 batch_tokens=cfg.batch_tokens,
                 device=cfg.device,
                 dtype=cfg.dtype,
+                store_dtype=self.job.store_dtype,
                 hang_timeout=cfg.request_timeout,
                 window=cfg.concurrency,
             )

@@ -389,9 +389,17 @@ class Capture:
     """Per-process state shared by the hook: which module, which layers, the writer."""
 
     def __init__(
-        self, dump_dir: str, layers: list[int], inner: Any, name: str, rank: Ranks, max_pending: int
+        self,
+        dump_dir: str,
+        layers: list[int],
+        inner: Any,
+        name: str,
+        rank: Ranks,
+        max_pending: int,
+        store: Any = None,
     ):
         self.dump_dir = dump_dir
+        self.store = store  # a StoreFormat: states cast to it on the device; None: as computed
         self.layers = layers
         self.captured = sorted(set(layers))
         self.order = [self.captured.index(i) for i in layers]
@@ -483,6 +491,10 @@ class Capture:
         )
         aux_t = torch.cat([parts[k] for k in self.order], dim=-1)
         picked = [fb.input_ids[rows], aux_t[rows], hidden[rows]]
+        if self.store is not None:  # before the copy: half the bytes over PCIe and in the dump
+            from eagle3d.storedtype import cast
+
+            picked[1:] = [cast(t, self.store) for t in picked[1:]]
         cuda = hidden.is_cuda
         host = []
         for t in picked:
@@ -508,7 +520,8 @@ def make_hook(config: dict[str, Any], *, model: Any = None, ranks: Ranks | None 
     """SGLang hook factory (``--forward-hooks`` spec ``hook_factory``).
 
     ``config``: ``dump_dir`` (required), ``aux_layers`` (list of layer ids, default the
-    model's EAGLE-3 default ``[2, L//2, L-3]``), ``max_pending`` (queued forwards, default 4).
+    model's EAGLE-3 default ``[2, L//2, L-3]``), ``max_pending`` (queued forwards, default 4),
+    ``store_dtype`` (the job's storage dtype, :mod:`eagle3d.storedtype`; default: as computed).
     ``model``/``ranks`` are for callers other than SGLang's hook manager (tests).
     Raises :class:`HookLoadError` naming what it expected when the server does not fit.
     """
@@ -516,6 +529,14 @@ def make_hook(config: dict[str, Any], *, model: Any = None, ranks: Ranks | None 
     if not dump_dir:
         raise HookLoadError("eagle3d hook: config needs 'dump_dir'")
     aux_layers = config.get("aux_layers")
+    store = None
+    if config.get("store_dtype"):
+        from eagle3d.storedtype import get
+
+        try:
+            store = get(str(config["store_dtype"]))
+        except ValueError as e:
+            raise HookLoadError(f"eagle3d hook: {e}") from None
     patterns: list[str] = []
     names: dict[str, Any] = {}
     if model is None:
@@ -552,7 +573,7 @@ def make_hook(config: dict[str, Any], *, model: Any = None, ranks: Ranks | None 
                 f"{TARGET_MODULES} to reach it"
             )
     os.makedirs(dump_dir, exist_ok=True)
-    cap = Capture(dump_dir, layers, inner, name, rank, int(config.get("max_pending", 4)))
+    cap = Capture(dump_dir, layers, inner, name, rank, int(config.get("max_pending", 4)), store)
     log.info(
         "eagle3d hook: capturing layers %s + final norm from %s on tp rank %d/%d, %s",
         layers,
@@ -565,12 +586,17 @@ def make_hook(config: dict[str, Any], *, model: Any = None, ranks: Ranks | None 
 
 
 def hook_spec(
-    dump_dir: str, aux_layers: list[int] | None = None, max_pending: int = 4
+    dump_dir: str,
+    aux_layers: list[int] | None = None,
+    max_pending: int = 4,
+    store_dtype: str | None = None,
 ) -> dict[str, Any]:
     """The ``--forward-hooks`` entry for the hook (the launcher serialises a list of these)."""
     config: dict[str, Any] = {"dump_dir": dump_dir, "max_pending": max_pending}
     if aux_layers is not None:
         config["aux_layers"] = list(aux_layers)
+    if store_dtype:
+        config["store_dtype"] = store_dtype
     return {
         "name": "eagle3d-capture",
         "target_modules": list(TARGET_MODULES),

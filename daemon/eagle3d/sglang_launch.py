@@ -30,6 +30,8 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from . import storedtype
+
 log = logging.getLogger("eagle3d.sglang")
 
 HEALTH_ENV = {"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "false"}
@@ -49,12 +51,15 @@ CONFLICTS = {
 
 
 def extra_args(
-    dump_dir: str, aux_layers: list[int] | None = None, max_pending: int = 4
+    dump_dir: str,
+    aux_layers: list[int] | None = None,
+    max_pending: int = 4,
+    store_dtype: str | None = None,
 ) -> list[str]:
     """The arguments eagle3d adds to ``python -m sglang.launch_server``."""
     from .sglang_hook import hook_spec
 
-    spec = hook_spec(os.path.abspath(dump_dir), aux_layers, max_pending)
+    spec = hook_spec(os.path.abspath(dump_dir), aux_layers, max_pending, store_dtype)
     return ["--forward-hooks", json.dumps([spec], separators=(",", ":")), *FIXED_ARGS]
 
 
@@ -104,14 +109,19 @@ def server_url(user_args: list[str]) -> str:
 
 
 def command(
-    python: str, user_args: list[str], dump_dir: str, aux_layers: list[int] | None, max_pending: int
+    python: str,
+    user_args: list[str],
+    dump_dir: str,
+    aux_layers: list[int] | None,
+    max_pending: int,
+    store_dtype: str | None = None,
 ) -> list[str]:
     return [
         python,
         "-m",
         "sglang.launch_server",
         *user_args,
-        *extra_args(dump_dir, aux_layers, max_pending),
+        *extra_args(dump_dir, aux_layers, max_pending, store_dtype),
     ]
 
 
@@ -202,6 +212,13 @@ def _common(p: argparse.ArgumentParser) -> None:
         default=4,
         help="captured forwards queued for the writer before the forward waits",
     )
+    p.add_argument(
+        "--store-dtype",
+        choices=tuple(storedtype.FORMATS),
+        default=None,
+        help="cast the states to the job's storage dtype on the GPU before they are copied"
+        " out (default: as the server computes them; the daemon's commit casts them then)",
+    )
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -218,7 +235,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     os.makedirs(args.dump_dir, exist_ok=True)
     env = {**os.environ, **HEALTH_ENV, "PYTHONUNBUFFERED": "1"}
     layers = args.aux_layers or default_layers(model_path_of(user))
-    cmd = command(args.python, user, args.dump_dir, layers, args.max_pending)
+    cmd = command(args.python, user, args.dump_dir, layers, args.max_pending, args.store_dtype)
     if args.dry_run:
         print(" ".join(f"{k}={v}" for k, v in HEALTH_ENV.items()), shlex.join(cmd))
         return 0
@@ -228,7 +245,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 def _cmd_args(args: argparse.Namespace) -> int:
     layers = args.aux_layers or default_layers(args.model_path)
-    extra = extra_args(args.dump_dir, layers, args.max_pending)
+    extra = extra_args(args.dump_dir, layers, args.max_pending, args.store_dtype)
     if args.format == "json":
         print(json.dumps({"args": extra, "env": HEALTH_ENV}))
     else:

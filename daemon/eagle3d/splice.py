@@ -12,6 +12,11 @@ its random serialization id).
 On a CPU producer the daemon's commits run beside the forward on the same cores, so what
 they cost is taken from the forward (docs/benchmarks.md).
 
+A dump in another float dtype than the job's storage format (:mod:`eagle3d.storedtype`) is
+cast within that read: its bytes come in cache-sized chunks into a small reused buffer and
+are cast from there into their slot, so the data still crosses memory once. The NaN/Inf
+check runs on the slot, on what is stored.
+
 Anything unusual (another dtype, a garbled header, a failed check) makes :func:`stage`
 return None: the caller then takes the general path, which reads the dump with safetensors
 and words the error. The fast path never has to describe a bad dump.
@@ -21,12 +26,14 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from array import array
 from dataclasses import dataclass
 from typing import Any
 
 from . import ckpt
 from .dump import FORMAT, BadDump, read_header, vanished
+from .storedtype import StoreFormat
 
 # safetensors dtype -> torch dtype name, for the states (the ids are I64).
 _STATES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
@@ -49,10 +56,12 @@ def stage(
     layers: list[int],
     buf: ckpt.DirectBuffer,
     limit: int,
+    store: StoreFormat | None = None,
 ) -> Staged | None:
     """Build the sample archive of the dump at ``path`` in ``buf``, checked against what
-    was sent; None when the dump needs the general path (see the module's docstring), or
-    when the archive would exceed ``limit`` bytes. Raises DumpVanished if the file is gone.
+    was sent, its states in ``store`` (None: as dumped); None when the dump needs the
+    general path (see the module's docstring), or when the archive would exceed ``limit``
+    bytes. Raises DumpVanished if the file is gone.
     """
     import torch
 
@@ -72,7 +81,10 @@ def stage(
             return None
         if aux[1] != (t, len(layers) * hidden_size) or hid[1] != (t, hidden_size):
             return None
-        dtype = getattr(torch, _STATES[hid[0]])
+        code = store.safetensors if store is not None else hid[0]
+        if code not in _STATES:
+            return None
+        dtype = getattr(torch, _STATES[code])
         spec = (
             ("input_ids", torch.int64, (t,)),
             ("loss_mask", torch.int64, (t,)),
@@ -85,24 +97,56 @@ def stage(
         view = buf.view(plan.total)
         ckpt.fill(plan, view)
         (ids_at, n_ids), (mask_at, _), (hid_at, n_hid), (aux_at, n_aux) = plan.slots
-        for (*_, begin, end), at, n in (
-            (ids, ids_at, n_ids),
-            (hid, hid_at, n_hid),
-            (aux, aux_at, n_aux),
-        ):
-            if end - begin != n or os.preadv(fd, [view[at : at + n]], begin) != n:
+        *_, begin, end = ids
+        if end - begin != n_ids or os.preadv(fd, [view[ids_at : ids_at + n_ids]], begin) != n_ids:
+            return None
+        for (src, *_, begin, end), at, n in ((hid, hid_at, n_hid), (aux, aux_at, n_aux)):
+            if src == code:
+                if end - begin != n or os.preadv(fd, [view[at : at + n]], begin) != n:
+                    return None
+            elif not _read_cast(fd, begin, end, src, view[at : at + n], code):
                 return None
         if bytes(view[ids_at : ids_at + n_ids]) != array("q", sent_ids).tobytes():
             return None
         view[mask_at : mask_at + 8 * t] = memoryview(array("q", loss_mask)).cast("B")
         for at, n in ((hid_at, n_hid), (aux_at, n_aux)):
-            if not finite(view[at : at + n], hid[0]):
+            if not finite(view[at : at + n], code):
                 return None
         return Staged(view, ckpt.seal(plan, view))
     except BadDump:  # a garbled header: the general path words it
         return None
     finally:
         os.close(fd)
+
+
+_SIZES = {"F32": 4, "BF16": 2, "F16": 2}
+#: Source bytes per chunk of a cast read: small enough to stay in the core's cache between
+#: the read and the cast, large enough that the per-chunk calls cost nothing.
+CAST_CHUNK = 256 << 10
+_scratch = threading.local()
+
+
+def _read_cast(fd: int, begin: int, end: int, src: str, out: memoryview, dst: str) -> bool:
+    """Read the ``src``-typed floats at ``[begin, end)`` of ``fd`` into ``out`` as ``dst``,
+    chunk by chunk through a reused buffer; False if the sizes do not match (a short read)."""
+    import torch
+
+    n = (end - begin) // _SIZES[src]
+    if n * _SIZES[src] != end - begin or n * _SIZES[dst] != len(out):
+        return False
+    buf = getattr(_scratch, "buf", None)
+    if buf is None:
+        buf = _scratch.buf = bytearray(CAST_CHUNK)
+    src_t, dst_t = getattr(torch, _STATES[src]), getattr(torch, _STATES[dst])
+    step = CAST_CHUNK // _SIZES[src]
+    for i in range(0, n, step):
+        k = min(step, n - i)
+        chunk = memoryview(buf)[: k * _SIZES[src]]
+        if os.preadv(fd, [chunk], begin + i * _SIZES[src]) != len(chunk):
+            return False
+        part = out[i * _SIZES[dst] : (i + k) * _SIZES[dst]]
+        torch.frombuffer(part, dtype=dst_t).copy_(torch.frombuffer(chunk, dtype=src_t))
+    return True
 
 
 def finite(raw: Any, dtype: str) -> bool:

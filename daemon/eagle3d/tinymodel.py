@@ -8,14 +8,19 @@ API::
     CHAT_TEMPLATE, SPECIAL_TOKENS, END_OF_TURN
 
 The directory gets ``config.json``, ``generation_config.json``, ``model.safetensors`` (fp32,
-``LlamaForCausalLM``, untied embeddings, 4096 positions) and a tokenizer (``tokenizer.json``,
-``tokenizer_config.json``, ``chat_template.jinja``) that ``AutoTokenizer.from_pretrained``
-loads (as ``TokenizersBackend`` in transformers 5). Nothing touches a model hub.
+``LlamaForCausalLM``, untied embeddings, 4096 positions) with its
+``model.safetensors.index.json`` (as a sharded checkpoint has; trainers that load single
+tensors, such as SpecForge's ``TargetHead``, look weights up there), and a tokenizer
+(``tokenizer.json``, ``tokenizer_config.json``, ``chat_template.jinja``) that
+``AutoTokenizer.from_pretrained`` loads (as ``TokenizersBackend`` in transformers 5). Nothing
+touches a model hub.
 
 The tokenizer is a byte-level BPE trained with ``tokenizers`` on the text of the bundled demo
 dataset (``eagle3d/data/demo.jsonl``), so it is reproducible: same arguments, same files.
-``vocab`` is an upper bound: BPE stops merging when the corpus has no pair left to merge (about
-1,140 tokens for the demo text). The model's ``vocab_size`` always equals ``len(tokenizer)``.
+``vocab`` is honoured: the model's ``vocab_size`` is exactly ``vocab``. The tokenizer holds as
+many of those ids as BPE learns, at most ``vocab``; it stops merging when the corpus has no
+pair left (1,141 tokens for the demo text), and the rows above are ids no text maps to, as in
+real checkpoints whose vocabulary is padded (Qwen2.5: 151,936 rows for 151,665 tokens).
 
 The chat template has no ``{% generation %}`` markers on purpose: :mod:`eagle3d.chat` derives
 the loss mask from the template itself. Format::
@@ -145,12 +150,14 @@ def build_tiny_model(
         clean_up_tokenization_spaces=False,
     )
     fast.chat_template = CHAT_TEMPLATE
+    if len(fast) > vocab:  # pragma: no cover - BPE counts the special tokens in its limit
+        raise ValueError(f"the tokenizer has {len(fast)} tokens, more than --vocab {vocab}")
     fast.save_pretrained(out)
 
     ids = {t: i for i, t in enumerate(SPECIAL_TOKENS)}  # the trainer puts them first, in order
     assert all(tok.token_to_id(t) == i for t, i in ids.items())
     cfg = LlamaConfig(
-        vocab_size=len(fast),
+        vocab_size=vocab,
         hidden_size=hidden,
         intermediate_size=intermediate or 4 * hidden,
         num_hidden_layers=layers,
@@ -173,7 +180,30 @@ def build_tiny_model(
     finally:
         if bars:
             hf_logging.enable_progress_bar()
+    _write_index(out, "model.safetensors")
     return str(out)
+
+
+def _write_index(directory: Path, shard: str) -> None:
+    """Write ``<shard>.index.json`` for a one-file checkpoint: every tensor in ``shard``."""
+    from safetensors import safe_open
+
+    weights: dict[str, str] = {}
+    total = 0
+    with safe_open(str(directory / shard), framework="pt") as f:
+        for key in f.keys():  # noqa: SIM118 - a safetensors handle, not a dict
+            weights[key] = shard
+            s = f.get_slice(key)
+            shape = s.get_shape()
+            n = 1
+            for d in shape:
+                n *= d
+            total += n * _ITEMSIZE[s.get_dtype()]
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weights.items()))}
+    (directory / (shard + ".index.json")).write_text(json.dumps(index, indent=2) + "\n")
+
+
+_ITEMSIZE = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8, "I64": 8, "I32": 4}
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -187,7 +217,14 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("directory", metavar="DIR")
     p.add_argument("--layers", type=int, default=4, metavar="N", help="decoder layers (4)")
     p.add_argument("--hidden", type=int, default=64, metavar="H", help="hidden size (64)")
-    p.add_argument("--vocab", type=int, default=1000, metavar="V", help="max vocab size (1000)")
+    p.add_argument(
+        "--vocab",
+        type=int,
+        default=1000,
+        metavar="V",
+        help="vocab size of the model, exactly (1000); its tokenizer uses as many of the ids"
+        " as BPE learns from the demo text (at most V, about 1,141)",
+    )
     p.add_argument("--heads", type=int, default=4, help="attention heads (4)")
     p.add_argument("--kv-heads", type=int, default=2, help="key/value heads (2)")
     p.add_argument("--intermediate", type=int, default=None, help="MLP size (4*H)")
@@ -218,8 +255,16 @@ def _cmd_tiny_model(args: argparse.Namespace) -> int:
         return 4
     with open(Path(path) / "config.json", encoding="utf-8") as f:
         cfg = json.load(f)
+    tokens = _tokenizer_size(Path(path))
+    used = "" if tokens == cfg["vocab_size"] else f" (its tokenizer uses {tokens} of them)"
     print(
         f"tiny model in {path}: {cfg['num_hidden_layers']} layers, hidden {cfg['hidden_size']}, "
-        f"vocab {cfg['vocab_size']}"
+        f"vocab {cfg['vocab_size']}{used}"
     )
     return 0
+
+
+def _tokenizer_size(directory: Path) -> int:
+    from tokenizers import Tokenizer
+
+    return int(Tokenizer.from_file(str(directory / "tokenizer.json")).get_vocab_size())

@@ -2,7 +2,9 @@
 
 For each ``sample saved`` record of every shard journal under ``OUTPUT/.eagle3d``: the file
 exists, its size and checksum match the record, and it loads with the right keys, dtypes and
-shapes. The output tree is never listed: the journal says what should exist.
+shapes, its states in the storage dtype of the session that saved it (``job.store_dtype``
+of its ``run_started``; journals from before that field are not checked for it). The output
+tree is never listed: the journal says what should exist.
 
 ``--repair`` journals each damaged or missing committed sample as ``sample_invalid`` in its
 shard's journal (its file, if any, moved aside under ``OUTPUT/.eagle3d/damaged/``, never
@@ -25,6 +27,7 @@ from eagle3proto import paths
 from eagle3proto.journal import JournalWriter, replay
 from eagle3proto.paths import Shard
 
+from . import storedtype
 from .commit import file_checksum
 from .preflight import Fatal, ShardLock
 
@@ -38,6 +41,7 @@ class ShardReport:
     finished: bool = False
     journal_problems: list[str] = field(default_factory=list)
     journal_fatal: bool = False
+    store_dtype: str = ""  # of the shard's samples; "a, b" after a forced resume changed it
 
 
 @dataclass(slots=True)
@@ -89,6 +93,7 @@ class VerifyReport:
                     "failed": s.failed,
                     "pending": max(s.total - s.saved - s.failed, 0) if s.total >= 0 else None,
                     "finished": s.finished,
+                    "store_dtype": s.store_dtype,
                     "journal_problems": s.journal_problems,
                 }
                 for s in self.shards
@@ -104,7 +109,10 @@ class VerifyReport:
         for s in self.shards:
             pending = max(s.total - s.saved - s.failed, 0)
             state = "finished" if s.finished else f"{pending} pending"
-            lines.append(f"  {s.shard}: {s.saved} saved, {s.failed} failed of {s.total} ({state})")
+            stored = f", states {s.store_dtype}" if s.store_dtype else ""
+            lines.append(
+                f"  {s.shard}: {s.saved} saved, {s.failed} failed of {s.total} ({state}{stored})"
+            )
             lines.extend(f"    journal: {p}" for p in s.journal_problems)
         gib = self.bytes_checked / (1 << 30)
         lines.append(f"  checked {self.checked} file(s), {gib:.2f} GiB")
@@ -125,8 +133,11 @@ class VerifyReport:
         return "\n".join(lines)
 
 
-def check_sample(output: str, rec: ev.SampleSaved, quick: bool = False) -> str | None:
-    """Check one committed sample; returns a problem description or None."""
+def check_sample(
+    output: str, rec: ev.SampleSaved, quick: bool = False, store_dtype: str = ""
+) -> str | None:
+    """Check one committed sample (its states in ``store_dtype``, unless ''); returns a
+    problem description or None."""
     path = os.path.join(output, rec.path)
     if rec.path != paths.sample_relpath(rec.idx):
         return f"sample {rec.idx}: journal path {rec.path} is not {paths.sample_relpath(rec.idx)}"
@@ -141,10 +152,10 @@ def check_sample(output: str, rec: ev.SampleSaved, quick: bool = False) -> str |
     _, checksum = file_checksum(path)
     if checksum != rec.checksum:
         return f"sample {rec.idx}: {rec.path} checksum {checksum}, journal says {rec.checksum}"
-    return _check_tensors(path, rec)
+    return _check_tensors(path, rec, store_dtype)
 
 
-def _check_tensors(path: str, rec: ev.SampleSaved) -> str | None:
+def _check_tensors(path: str, rec: ev.SampleSaved, store_dtype: str) -> str | None:
     import torch
 
     try:
@@ -167,6 +178,16 @@ def _check_tensors(path: str, rec: ev.SampleSaved) -> str | None:
         return (
             f"sample {rec.idx}: aux_hidden_state {tuple(aux.shape)}, want (1, {t}, kH) with H={h}"
         )
+    if not store_dtype:
+        return None
+    try:
+        stored = storedtype.get(store_dtype).torch_dtype
+    except ValueError as e:
+        return f"sample {rec.idx}: {e} (in the journal's run_started record)"
+    for name, x in (("hidden_state", hid), ("aux_hidden_state", aux)):
+        got = str(x.dtype).removeprefix("torch.")
+        if got != stored:
+            return f"sample {rec.idx}: {name} is {got}, the job stores {store_dtype}"
     return None
 
 
@@ -178,6 +199,8 @@ class _ShardFold:
         self.problems = problems
         self.saved: dict[int, ev.SampleSaved] = {}
         self.failed: set[int] = set()
+        self.store = ""  # the storage dtype of the session being read
+        self.stores: dict[int, str] = {}  # idx -> the storage dtype it was saved in
 
     def sink(self, batch: list[ev.AnyEvent]) -> None:
         for e in batch:
@@ -185,6 +208,7 @@ class _ShardFold:
                 if e.idx in self.saved:
                     self.problems.append(f"sample {e.idx}: saved twice in {self.sr.shard}")
                 self.saved[e.idx] = e
+                self.stores[e.idx] = self.store
                 self.failed.discard(e.idx)
             elif isinstance(e, ev.SampleInvalid):  # repaired: no longer saved, redone
                 self.saved.pop(e.idx, None)
@@ -196,6 +220,7 @@ class _ShardFold:
             elif isinstance(e, ev.RunStarted):
                 self.sr.total = e.total
                 self.sr.finished = False
+                self.store = e.job.store_dtype
             elif isinstance(e, ev.RunFinished):
                 self.sr.finished = True
 
@@ -204,6 +229,7 @@ def verify(output: str, *, quick: bool = False, jobs: int = 4) -> VerifyReport:
     """Verify an output directory (all shards)."""
     report = VerifyReport(os.path.abspath(output))
     saved: dict[int, ev.SampleSaved] = {}
+    stores: dict[int, str] = {}
     for shard, jdir in paths.shard_dirs(output):
         sr = ShardReport(shard.name)
         fold = _ShardFold(sr, report.problems)
@@ -221,13 +247,17 @@ def verify(output: str, *, quick: bool = False, jobs: int = 4) -> VerifyReport:
             if idx in saved:
                 report.problems.append(f"sample {idx}: saved by more than one shard")
         saved.update(shard_saved)
+        stores.update(fold.stores)
+        sr.store_dtype = ", ".join(sorted({fold.stores[i] for i in shard_saved} - {""}))
         sr.saved = len(shard_saved)
         sr.failed = len(failed - set(shard_saved))
         report.shards.append(sr)
     records = sorted(saved.values(), key=lambda r: r.idx)
     with ThreadPoolExecutor(max(1, jobs)) as pool:
         for rec, problem in zip(
-            records, pool.map(lambda r: check_sample(output, r, quick), records), strict=True
+            records,
+            pool.map(lambda r: check_sample(output, r, quick, stores[r.idx]), records),
+            strict=True,
         ):
             report.checked += 1
             report.bytes_checked += rec.bytes

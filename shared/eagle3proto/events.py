@@ -47,6 +47,8 @@ class JobInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
     backend: str = "hf"
     max_length: int = 0
     on_overflow: str = "truncate"
+    #: The states' dtype in the files (eagle3d.storedtype); '' in journals before it existed.
+    store_dtype: str = ""
     version: str = ""
     fingerprint: str = ""
 

@@ -139,6 +139,7 @@ class HFProducer(Producer):
         batch_tokens: int = 8192,
         device: str = "auto",
         dtype: str = "auto",
+        store_dtype: str = "",
         hang_timeout: float = 600.0,
         window: int = 0,
         threads: int = 0,
@@ -150,6 +151,7 @@ class HFProducer(Producer):
         self.batch_tokens = batch_tokens
         self.device = device
         self.dtype = dtype
+        self.store_dtype = store_dtype  # '' keeps the compute dtype (the commit casts)
         self.hang_timeout = hang_timeout
         self.threads = threads
         self._window = window
@@ -215,6 +217,8 @@ class HFProducer(Producer):
         ]
         if self.aux_layers:
             cmd += ["--aux-layers", ",".join(map(str, self.aux_layers))]
+        if self.store_dtype:
+            cmd += ["--store-dtype", self.store_dtype]
         cmd += ["--threads", str(self.threads)]
         proc = await asyncio.create_subprocess_exec(
             *cmd,
@@ -502,6 +506,7 @@ class HFProducer(Producer):
                 "threads_per_worker": float(self.threads),
                 "device": ", ".join(sorted({str(w.info.get("device", "")) for w in live})),
                 "dtype": str(self.info.get("dtype", "")),
+                "store_dtype": str(self.info.get("store_dtype", "")),
                 "inflight": float(sum(len(w.inflight) for w in live)),
                 # Real tokens over computed ones: what the length-sorted batching saves.
                 "batch_fill": round(self._real / self._padded, 3) if self._padded else 0.0,

@@ -38,7 +38,7 @@ import msgspec
 from eagle3proto.codec import encode_frame
 from eagle3proto.wire import FrameBuffer
 
-from .. import faults
+from .. import faults, storedtype
 from ..config import default_aux_layers
 from ..threadnames import name_threads
 
@@ -211,6 +211,10 @@ class Worker:
             dtype = torch.float32 if self.device == "cpu" else torch.bfloat16
         else:
             dtype = getattr(torch, args.dtype)
+        # The states leave in the job's storage dtype: cast on the device before the copy to
+        # the host on a GPU (half the bytes over PCIe), in the dump writer on a CPU (no cast
+        # of the padding); either way the dump carries half the bytes of float32.
+        self.store = storedtype.get(args.store_dtype) if args.store_dtype else None
         model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype)
         model.eval().to(self.device)
         self.model = model
@@ -231,6 +235,7 @@ class Worker:
                 "pid": os.getpid(),
                 "device": self.device,
                 "dtype": str(dtype).removeprefix("torch."),
+                "store_dtype": self.store.name if self.store else "",
                 "layers": self.layers,
                 "num_layers": n_layers,
                 "hidden": model.config.hidden_size,
@@ -281,6 +286,8 @@ class Worker:
                 send({"op": "written", "rids": item[1]})
                 continue
             rid, ids, aux, hid = item
+            if self.store is not None:
+                aux, hid = storedtype.cast(aux, self.store), storedtype.cast(hid, self.store)
             self.dumps += 1
             fault = faults.hit("bad_dump")
             if fault is not None:
@@ -380,6 +387,8 @@ class Worker:
         final = out.last_hidden_state
         aux = torch.cat([self.capture.states[i] for i in self.layers], dim=-1)
         self.capture.states.clear()
+        if self.store is not None and final.device.type != "cpu":
+            final, aux = storedtype.cast(final, self.store), storedtype.cast(aux, self.store)
         final_cpu = final.to("cpu")
         aux_cpu = aux.to("cpu")
         ids_cpu = ids.to("cpu")
@@ -415,6 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-tokens", type=int, default=8192)
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
+    p.add_argument("--store-dtype", default="", choices=("", *storedtype.FORMATS))
     p.add_argument("--threads", type=int, default=0)
     args = p.parse_args(argv)
     # A terminal's Ctrl-C, and SIGTERM or SIGHUP sent to the whole process group (scancel,

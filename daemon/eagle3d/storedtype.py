@@ -1,0 +1,93 @@
+"""The storage dtype of a job: what the hidden states are written in, apart from what the
+model computes in.
+
+A drafter trainer reads the states in the target model's own 16-bit dtype (SpecForge 0.2.0
+feeds ``hidden_state`` uncast to a bfloat16 target head), while the right compute dtype
+depends on the hardware (float32 on a CPU, where bfloat16 matmuls are 4-5x slower). So
+``store_dtype`` (``--store-dtype``) is its own setting:
+
+* ``auto`` (the default): the model's own 16-bit dtype from its ``config.json``
+  (``torch_dtype`` / ``dtype``, the text config's for multimodal wrappers), else bfloat16,
+  whatever the compute dtype is;
+* ``bfloat16``, ``float16``, ``float32``: that dtype (float32 only when asked).
+
+A value names a *storage format*, not only a dtype: :data:`FORMATS` maps each name to what
+the files hold. The resolved name is what the job's fingerprint, the journal's
+``run_started`` record (``job.store_dtype``) and ``verify`` carry. A format that stores
+more than a cast (fp8 e4m3 with per-token scales, issue #21) is one more entry here with
+its scale tensors, and the option, the journal field and the fingerprint keep their shape.
+
+The producers cast where the states are made (on the GPU before the device-to-host copy,
+or in the CPU worker's dump writer): the dumps then carry half the bytes. The commit casts
+whatever arrives in another float dtype (an SGLang server started without the setting), so
+the files are in the job's format whichever producer wrote the dumps. Pure Python: torch is
+imported only by :func:`cast`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+AUTO = "auto"
+#: What ``auto`` becomes for a model whose config names no 16-bit dtype.
+FALLBACK = "bfloat16"
+
+
+@dataclass(frozen=True, slots=True)
+class StoreFormat:
+    """One storage format: its name (as configured and journaled), the torch dtype of the
+    stored state tensors, and that dtype's code in a dump's safetensors header."""
+
+    name: str
+    torch_dtype: str
+    safetensors: str
+
+
+FORMATS: dict[str, StoreFormat] = {
+    "bfloat16": StoreFormat("bfloat16", "bfloat16", "BF16"),
+    "float16": StoreFormat("float16", "float16", "F16"),
+    "float32": StoreFormat("float32", "float32", "F32"),
+}
+#: The values ``--store-dtype`` and the ``store_dtype`` key accept.
+CHOICES = (AUTO, *FORMATS)
+
+
+def get(name: str) -> StoreFormat:
+    """The format of a resolved name. Raises ValueError naming the known ones."""
+    try:
+        return FORMATS[name]
+    except KeyError:
+        raise ValueError(f"store_dtype: {name!r} is not one of {', '.join(CHOICES)}") from None
+
+
+def model_dtype(config: dict[str, Any]) -> str:
+    """The dtype a model's ``config.json`` names (``dtype``, or ``torch_dtype`` as written
+    before transformers 5), the text config's first for multimodal wrappers; '' if none."""
+    for cfg in (config.get("text_config"), config):
+        if isinstance(cfg, dict):
+            for key in ("dtype", "torch_dtype"):
+                value = cfg.get(key)
+                if isinstance(value, str) and value:
+                    return value.removeprefix("torch.")
+    return ""
+
+
+def resolve(value: str, config: dict[str, Any]) -> StoreFormat:
+    """The format ``value`` (a :data:`CHOICES` entry) means for a model with this
+    ``config.json``: ``auto`` is the model's own 16-bit dtype, else bfloat16."""
+    if value != AUTO:
+        return get(value)
+    own = model_dtype(config)
+    return FORMATS[own if own in ("bfloat16", "float16") else FALLBACK]
+
+
+def cast(t: torch.Tensor, fmt: StoreFormat) -> torch.Tensor:
+    """``t`` in the stored dtype (``t`` itself when it already is): one pass, rounding to
+    nearest even, wherever ``t`` lives."""
+    import torch
+
+    return t.to(getattr(torch, fmt.torch_dtype))
