@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import array
 import atexit
+import errno
 import hashlib
 import inspect
 import logging
@@ -124,6 +125,49 @@ def parse_sglang_rid(srid: object) -> Tag | None:
 
 
 # --------------------------------------------------------------------------------------------
+# Failure markers: how the hook tells the client *why* a dump it answered for is missing.
+#
+# A failed write leaves ``.<rid>.<REASON>.e3fail`` in the dump directory: an empty file (it
+# needs an inode, no data block, so it can still be made on a full tmpfs) whose name carries the
+# reason, an errno name such as ENOSPC, or LOST for a request whose states never reached the
+# writer. The client (``eagle3d.producers.sglang``) turns it into a failure report naming that
+# reason and removes it. The watcher ignores hidden names, so it is never taken for a dump.
+
+FAIL_SUFFIX = ".e3fail"
+_REASON = re.compile(r"^[A-Z][A-Z0-9_]{0,31}$")
+
+
+def error_reason(e: BaseException) -> str:
+    """ENOSPC, EACCES, ... for an OSError with an errno; the exception's class name otherwise."""
+    if isinstance(e, OSError) and e.errno:
+        return errno.errorcode.get(e.errno, f"E{e.errno}")
+    return "ERROR"
+
+
+def describe_error(e: BaseException) -> str:
+    """``ENOSPC: No space left on device`` (the form the other producers report)."""
+    if isinstance(e, OSError) and e.errno:
+        return f"{error_reason(e)}: {e.strerror or e}"
+    return f"{type(e).__name__}: {e}"
+
+
+def failure_marker_name(rid: str, reason: str) -> str:
+    if not _REASON.match(reason):
+        reason = "ERROR"
+    return f".{rid}.{reason}{FAIL_SUFFIX}"
+
+
+def parse_failure_marker(name: str) -> tuple[str, str] | None:
+    """(rid, reason) of a failure marker's file name, or None for any other name."""
+    if not (name.startswith(".") and name.endswith(FAIL_SUFFIX)):
+        return None
+    rid, _, reason = name[1 : -len(FAIL_SUFFIX)].rpartition(".")
+    if not (_SAFE_RID.match(rid) and _REASON.match(reason)):
+        return None
+    return rid, reason
+
+
+# --------------------------------------------------------------------------------------------
 # The writer side: host tensors in, dump files out (runs on the background thread).
 
 
@@ -157,12 +201,21 @@ class _Partial:
 class DumpAssembler:
     """Turns segments into dumps; assembles chunked prefills; refuses partial states.
 
-    Pure apart from the ``write`` callable (``eagle3d.dump.write_dump`` by default), so it is
-    tested directly.
+    Each request is handled on its own: a failure (a full dump area, say) loses that one dump,
+    is logged with its errno and its request, and leaves a failure marker for the client; the
+    other requests of the same forward, and other requests' unfinished chunked prefills, are
+    untouched. Pure apart from the ``write`` callable (``eagle3d.dump.write_dump`` by default)
+    and the markers, so it is tested directly.
     """
 
     def __init__(
-        self, dump_dir: str, layers: list[int], *, write: Any = None, max_partials: int = 256
+        self,
+        dump_dir: str,
+        layers: list[int],
+        *,
+        write: Any = None,
+        max_partials: int = 256,
+        radix_cache: bool | None = None,
     ):
         from eagle3d.dump import write_dump
 
@@ -170,33 +223,76 @@ class DumpAssembler:
         self.layers = list(layers)
         self.write = write or write_dump
         self.max_partials = max_partials
+        # Whether the server's radix (prefix) cache is on, when known: with it off, cached
+        # tokens at the start of a request can only be an earlier chunk this writer lost.
+        self.radix_cache = radix_cache
         self.partials: OrderedDict[str, _Partial] = OrderedDict()
+        # Requests whose unfinished chunked prefill was dropped, and why (bounded).
+        self.lost: OrderedDict[str, str] = OrderedDict()
         self.written = 0
         self.refused = 0
+        self.failed = 0
 
     def feed(self, batch: Batch) -> None:
         for s in batch.segments:
             sl = slice(s.offset, s.offset + s.length)
-            self._feed_one(s, batch.ids[sl], batch.aux[sl], batch.hidden[sl])
+            try:
+                self._feed_one(s, batch.ids[sl], batch.aux[sl], batch.hidden[sl])
+            except Exception as e:  # one request's failure loses its dump, not the batch's
+                self._fail(s.tag, e)
+
+    def lose(self, batch: Batch, e: BaseException) -> None:
+        """The whole batch never reached the assembler (its device copy failed, say)."""
+        for s in batch.segments:
+            self._fail(s.tag, e)
+
+    def _key(self, tag: Tag) -> str:
+        return f"{tag.send}.{tag.rid}"
+
+    def _fail(self, tag: Tag, e: BaseException) -> None:
+        self.failed += 1
+        key = self._key(tag)
+        if self.partials.pop(key, None) is not None:
+            self._mark_lost(key, describe_error(e))
+        log.error(
+            "eagle3d: the dump of request %s (send %d) was lost: %s (in %s); the client is "
+            "told and resends it",
+            tag.rid,
+            tag.send,
+            describe_error(e),
+            self.dump_dir,
+            exc_info=not isinstance(e, OSError),
+        )
+        self._marker(tag.rid, error_reason(e))
+
+    def _marker(self, rid: str, reason: str) -> None:
+        try:
+            fd = os.open(
+                os.path.join(self.dump_dir, failure_marker_name(rid, reason)),
+                os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC,
+                0o644,
+            )
+            os.close(fd)
+        except OSError as e:  # the client still finds the dump missing after its grace
+            log.error("eagle3d: could not leave a failure marker for %s: %s", rid, e)
+
+    def _mark_lost(self, key: str, why: str) -> None:
+        self.lost[key] = why
+        while len(self.lost) > 4 * self.max_partials:
+            self.lost.popitem(last=False)
 
     def _feed_one(
         self, s: Segment, ids: torch.Tensor, aux: torch.Tensor, hid: torch.Tensor
     ) -> None:
-        key = f"{s.tag.send}.{s.tag.rid}"
+        key = self._key(s.tag)
         if s.prefix == 0:
             self.partials.pop(key, None)
+            self.lost.pop(key, None)
             part = _Partial(0)
         else:
             found = self.partials.pop(key, None)
             if found is None or found.filled != s.prefix:
-                self.refused += 1
-                log.error(
-                    "eagle3d: request %s arrived with %d tokens already cached (prefix cache "
-                    "hit, or a lost chunk): its states for those tokens were not computed, no "
-                    "dump written. Run SGLang with --disable-radix-cache.",
-                    s.tag.rid,
-                    s.prefix,
-                )
+                self._refuse_cached(s, key, found)
                 return
             part = found
         part.parts.append((ids, aux, hid))
@@ -205,9 +301,41 @@ class DumpAssembler:
             self.partials[key] = part
             while len(self.partials) > self.max_partials:
                 old, _ = self.partials.popitem(last=False)
+                self._mark_lost(old, f"more than {self.max_partials} unfinished chunked prefills")
                 log.error("eagle3d: dropped the unfinished chunked prefill of %s", old)
             return
         self._finish(s.tag, part)
+
+    def _refuse_cached(self, s: Segment, key: str, found: _Partial | None) -> None:
+        """A forward of ``s`` starting at token ``s.prefix`` whose earlier tokens we lack."""
+        self.refused += 1
+        lost = self.lost.pop(key, None)
+        if lost is not None or found is not None or self.radix_cache is False:
+            if lost is not None:
+                why = f"its earlier chunk(s) were dropped: {lost}"
+            elif found is not None:
+                why = (
+                    f"its earlier chunks cover {found.filled} tokens, this one starts at {s.prefix}"
+                )
+            else:
+                why = "its earlier chunk(s) never reached the writer (the radix cache is off)"
+            log.error(
+                "eagle3d: lost chunk of request %s (chunk at token %d of %d): %s; no dump "
+                "written, the client resends it",
+                s.tag.rid,
+                s.prefix,
+                s.tag.length,
+                why,
+            )
+            self._marker(s.tag.rid, "LOST")
+            return
+        log.error(
+            "eagle3d: request %s arrived with %d tokens already cached (a prefix cache hit): "
+            "its states for those tokens were not computed, no dump written. Run SGLang with "
+            "--disable-radix-cache.",
+            s.tag.rid,
+            s.prefix,
+        )
 
     def _finish(self, tag: Tag, part: _Partial) -> None:
         import torch
@@ -253,8 +381,16 @@ class Writer:
             try:
                 self.queue.put(None, timeout=timeout)
             except queue.Full:  # a writer stuck on a dead disk: give up, do not hang the exit
+                log.error("eagle3d: dump writer stuck for %s s at exit; queued dumps lost", timeout)
                 return
             self.thread.join(timeout)
+            a = self.assembler
+            log.info(
+                "eagle3d: dump writer finished: %d written, %d lost, %d refused",
+                a.written,
+                a.failed,
+                a.refused,
+            )
 
     def drain(self) -> None:
         """Wait until everything queued so far is written (tests, shutdown)."""
@@ -269,12 +405,17 @@ class Writer:
             try:
                 if batch is None:
                     return
-                if batch.ready is not None:
-                    batch.ready.synchronize()
-                self.assembler.feed(batch)
-            except Exception:  # a failed write loses that dump, not the server
+                try:
+                    if batch.ready is not None:
+                        batch.ready.synchronize()
+                except Exception as e:  # the device copy failed: every dump of the batch
+                    self.errors += 1
+                    self.assembler.lose(batch, e)
+                    continue
+                self.assembler.feed(batch)  # isolates each request's write itself
+            except Exception:  # a bug in the assembler: lose this batch, never the server
                 self.errors += 1
-                log.exception("eagle3d: writing a dump failed")
+                log.exception("eagle3d: writing the dumps of a forward failed")
             finally:
                 self.queue.task_done()
 
@@ -308,6 +449,16 @@ def _prefill_graph_backend() -> str | None:
         from sglang.srt.runtime_context import get_exec
 
         return str(get_exec().graph.cuda_graph_config.prefill.backend)
+    except (ImportError, ValueError, RuntimeError, AttributeError):
+        return None
+
+
+def _radix_cache_on() -> bool | None:
+    """Whether this server's radix (prefix) cache is on, or None when not published."""
+    try:
+        from sglang.srt.runtime_context import get_memory
+
+        return not bool(get_memory().disable_radix_cache)
     except (ImportError, ValueError, RuntimeError, AttributeError):
         return None
 
@@ -398,7 +549,7 @@ class Capture:
         self.inner = inner
         self.name = name
         self.writes = rank.tp_rank == 0
-        self.assembler = DumpAssembler(dump_dir, layers)
+        self.assembler = DumpAssembler(dump_dir, layers, radix_cache=_radix_cache_on())
         self.writer = Writer(self.assembler, max_pending) if self.writes else None
         self.forwards = 0
 
