@@ -431,3 +431,79 @@ def test_wrong_calling_convention_fails_loudly(models: Any, tmp_path: Path) -> N
     fb = st.make_batch([("r", [1, 2], 0)], {})
     with pytest.raises(sh.HookLoadError, match="third positional argument"):
         model.model(fb.input_ids, fb.positions, forward_batch=fb)
+
+
+def test_our_own_requests_decoding_in_a_mixed_forward_are_not_captured(
+    models: Any, tmp_path: Path
+) -> None:
+    """With --enable-mixed-chunk (and the overlap scheduler) a MIXED forward carries the token
+    one of our requests decodes after its prompt: prefix = the prompt's length. Its prompt is
+    captured already; taking it for a chunk made a needless 'lost chunk' (seen on a real
+    SGLang 0.5.21)."""
+    from types import SimpleNamespace
+
+    cap = install(fresh(models), tmp_path)
+    done, new = [5, 6, 7], [8, 9]
+    fb = SimpleNamespace(
+        rids=[sh.sglang_rid("a", done), sh.sglang_rid("b", new), "user-1"],
+        extend_seq_lens_cpu=[1, 2, 1],
+        extend_prefix_lens_cpu=[3, 0, 40],
+    )
+    ((tag, prefix, start, n),) = cap._segments(fb)
+    assert (tag.rid, prefix, start, n) == ("b", 0, 1, 2)
+
+
+def _api_0521(model: Any, hook_specs: list[dict[str, Any]]) -> None:
+    name_to_module = dict(model.named_modules())
+    for spec in hook_specs:
+        hook = spec["factory"](spec.get("config") or {})
+        for module in name_to_module.values():
+            module.register_forward_hook(hook)
+
+
+def _api_newer(model: Any, hook_specs: list[dict[str, Any]]) -> None:
+    name_to_module = dict(model.named_modules())
+    for spec in hook_specs:
+        hook = spec["factory"](spec.get("config") or {})
+        kind = spec.get("hook_type", "forward")
+        for module in name_to_module.values():
+            if kind == "forward_pre":
+                module.register_forward_pre_hook(hook, with_kwargs=True)
+            else:
+                module.register_forward_hook(hook, with_kwargs=True)
+
+
+def _api_renamed(model: Any, specs: list[dict[str, Any]]) -> None:
+    for s in specs:
+        model.register_forward_hook(s)
+
+
+def test_the_hooks_api_shape_is_detected() -> None:
+    assert sh.hooks_api_problem(_api_0521) is None
+    assert "newer hooks API" in (sh.hooks_api_problem(_api_newer) or "")
+    assert "not (model, hook_specs)" in (sh.hooks_api_problem(_api_renamed) or "")
+    assert sh.hooks_api_problem(len) == "is not a Python function"
+
+
+def test_a_newer_hooks_api_is_refused_at_load_naming_the_version(
+    models: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Inside an SGLang whose hook manager calls hooks differently, make_hook refuses before
+    the first request, naming the version it met and the API it expects."""
+    import types
+
+    pkg = {
+        "sglang": types.ModuleType("sglang"),
+        "sglang.srt": types.ModuleType("sglang.srt"),
+        "sglang.srt.model_executor": types.ModuleType("sglang.srt.model_executor"),
+        "sglang.srt.model_executor.hook_manager": types.ModuleType("hook_manager"),
+    }
+    pkg["sglang"].__version__ = "0.9.0"  # type: ignore[attr-defined]
+    pkg["sglang.srt.model_executor.hook_manager"].register_forward_hooks = _api_newer  # type: ignore[attr-defined]
+    for name, mod in pkg.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    with pytest.raises(sh.HookLoadError) as e:
+        sh.make_hook({"dump_dir": str(tmp_path)})
+    msg = str(e.value)
+    assert "sglang 0.9.0's register_forward_hooks uses" in msg and "newer hooks API" in msg
+    assert "module.register_forward_hook(hook)" in msg and "0.5.21 to 0.5.23" in msg

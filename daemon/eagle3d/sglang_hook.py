@@ -45,7 +45,7 @@ import queue
 import re
 import sys
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -356,6 +356,11 @@ class DumpAssembler:
                 tag.digest,
             )
             return
+        from eagle3d import faults
+
+        if faults.hit("hook_drop") is not None:
+            log.warning("eagle3d: EAGLE3D_FAULT hook_drop: the dump of %s is dropped", tag.rid)
+            return
         self.write(self.dump_dir, tag.rid, ids, aux, hid, self.layers)
         self.written += 1
 
@@ -363,8 +368,11 @@ class DumpAssembler:
 class Writer:
     """One background thread draining a bounded queue of :class:`Batch` into an assembler."""
 
-    def __init__(self, assembler: DumpAssembler, max_pending: int = 4):
+    def __init__(
+        self, assembler: DumpAssembler, max_pending: int = 4, describe: Any = None
+    ) -> None:
         self.assembler = assembler
+        self.describe = describe  # () -> str: more for the closing log line
         self.queue: queue.Queue[Batch | None] = queue.Queue(maxsize=max(1, max_pending))
         self.errors = 0
         self.thread = threading.Thread(target=self._run, name="eagle3d-dump-writer", daemon=True)
@@ -386,10 +394,11 @@ class Writer:
             self.thread.join(timeout)
             a = self.assembler
             log.info(
-                "eagle3d: dump writer finished: %d written, %d lost, %d refused",
+                "eagle3d: dump writer finished: %d written, %d lost, %d refused%s",
                 a.written,
                 a.failed,
                 a.refused,
+                f"; {self.describe()}" if self.describe else "",
             )
 
     def drain(self) -> None:
@@ -463,6 +472,69 @@ def _radix_cache_on() -> bool | None:
         return None
 
 
+#: The hooks API the hook is written for (sglang 0.5.21, unchanged in 0.5.22 and 0.5.23).
+HOOKS_API = (
+    "register_forward_hooks(model, hook_specs) calling hook_factory(config) and "
+    "module.register_forward_hook(hook) (post-forward hooks, no kwargs), with the locals "
+    "model, name_to_module and spec"
+)
+#: Names whose appearance in register_forward_hooks means a newer hooks API (pre-hooks,
+#: kwargs hooks) that calls hooks differently.
+_NEWER_HOOKS_API = ("hook_type", "with_kwargs", "forward_pre", "register_forward_pre_hook")
+
+
+def _sglang_version() -> str:
+    try:
+        import sglang
+
+        return str(getattr(sglang, "__version__", "?"))
+    except ImportError:
+        return "?"
+
+
+def hooks_api_problem(register: Any) -> str | None:
+    """What in SGLang's ``register_forward_hooks`` differs from :data:`HOOKS_API`, or None.
+
+    Read from its code object: its parameters, the locals the hook reads from its frame, the
+    method it registers with, and no trace of a newer API's hook types.
+    """
+    code = getattr(register, "__code__", None)
+    if code is None:
+        return "is not a Python function"
+    params = code.co_varnames[: code.co_argcount]
+    if tuple(params) != ("model", "hook_specs"):
+        return f"takes {params}, not (model, hook_specs)"
+    missing = [n for n in ("model", "name_to_module", "spec") if n not in code.co_varnames]
+    if missing:
+        return f"has no local {missing[0]!r} (the hook reads the model being hooked from it)"
+    seen: set[str] = set()
+    todo = [code]
+    while todo:
+        c = todo.pop()
+        seen.update(c.co_names)
+        seen.update(x for x in c.co_consts if isinstance(x, str))
+        todo.extend(x for x in c.co_consts if hasattr(x, "co_names"))
+    newer = [n for n in _NEWER_HOOKS_API if n in seen]
+    if newer:
+        return f"uses {newer} (a newer hooks API)"
+    if "register_forward_hook" not in seen:
+        return "does not call module.register_forward_hook"
+    return None
+
+
+def _check_hooks_api() -> None:
+    try:
+        from sglang.srt.model_executor.hook_manager import register_forward_hooks
+    except ImportError:
+        return  # not inside SGLang (tests drive the hook with a stand-in)
+    problem = hooks_api_problem(register_forward_hooks)
+    if problem:
+        raise HookLoadError(
+            f"eagle3d hook: sglang {_sglang_version()}'s register_forward_hooks {problem}; "
+            f"the hook expects {HOOKS_API} (sglang 0.5.21 to 0.5.23)"
+        )
+
+
 def _registration_context() -> tuple[Any, dict[str, Any], list[str]] | None:
     """(model, name_to_module, target patterns) from SGLang's ``register_forward_hooks`` frame.
 
@@ -496,7 +568,8 @@ def _check_forward_batch_class() -> None:
     if missing:
         raise HookLoadError(
             f"eagle3d hook: sglang ForwardBatch lacks fields {missing}; expected "
-            f"{list(FORWARD_BATCH_FIELDS)} (checked against sglang 0.5.21)"
+            f"{list(FORWARD_BATCH_FIELDS)} (sglang {_sglang_version()}; checked against 0.5.21 "
+            "to 0.5.23)"
         )
 
 
@@ -550,8 +623,12 @@ class Capture:
         self.name = name
         self.writes = rank.tp_rank == 0
         self.assembler = DumpAssembler(dump_dir, layers, radix_cache=_radix_cache_on())
-        self.writer = Writer(self.assembler, max_pending) if self.writes else None
+        self.modes: Counter[str] = Counter()  # captured forwards by mode
+        self.writer = Writer(self.assembler, max_pending, self._describe) if self.writes else None
         self.forwards = 0
+
+    def _describe(self) -> str:
+        return "forwards " + (", ".join(f"{m} {n}" for m, n in sorted(self.modes.items())) or "none")
 
     def __call__(self, module: Any, args: tuple[Any, ...], output: Any) -> None:
         if module is not self.inner:
@@ -585,6 +662,7 @@ class Capture:
                 f"{tuple(aux.shape)}, expected [N, {len(self.captured)} * {hidden.shape[-1]}]"
             )
         self.forwards += 1
+        self.modes[mode] += 1
         if self.writer is None:
             return None
         segments = self._segments(fb)
@@ -611,7 +689,10 @@ class Capture:
         out = []
         start = 0
         for tag, n, p in zip(tags, lens, prefixes, strict=True):
-            if tag is not None:
+            # A segment starting at or past the prompt's end is one of our requests decoding
+            # (a MIXED forward, with the overlap scheduler even after its one token): its
+            # prompt's states are already captured.
+            if tag is not None and int(p) < tag.length:
                 out.append((tag, int(p), start, int(n)))
             start += int(n)  # tokens are laid out request after request
         return out
@@ -670,11 +751,13 @@ def make_hook(config: dict[str, Any], *, model: Any = None, ranks: Ranks | None 
     patterns: list[str] = []
     names: dict[str, Any] = {}
     if model is None:
+        _check_hooks_api()
         ctx = _registration_context()
         if ctx is None:
             raise HookLoadError(
-                "eagle3d hook: make_hook must be called by SGLang's register_forward_hooks "
-                "(sglang/srt/model_executor/hook_manager.py, 0.5.21) or given model="
+                f"eagle3d hook: make_hook must be called by SGLang's register_forward_hooks "
+                f"(sglang/srt/model_executor/hook_manager.py; this is sglang "
+                f"{_sglang_version()}, the hook expects {HOOKS_API}) or given model="
             )
         model, names, patterns = ctx
     rank = ranks or _sglang_ranks()

@@ -532,7 +532,7 @@ class SGLangProducer(Producer):
         if total is not None:
             per_s = rate(self._prompt_prev, total, now)
             if per_s is not None:
-                self.detail["prompt_tokens_s"] = per_s
+                self.detail["prompt_tokens_s"] = round(per_s, 1)
             self._prompt_prev = (now, total)
 
 
