@@ -85,9 +85,9 @@ def test_a_real_prefix_cache_hit_is_refused_by_the_hook(server: sr.Server) -> No
     a key of its own, as the client always sends, the same request is computed and dumped."""
     prefix = [(7 * k) % 900 + 10 for k in range(100)]
     reqs = {
-        "pfx-first": prefix + [11, 12, 13],
-        "pfx-hit": prefix + [21, 22, 23, 24],
-        "pfx-own-key": prefix + [21, 22, 23, 24],
+        "pfx-first": [*prefix, 11, 12, 13],
+        "pfx-hit": [*prefix, 21, 22, 23, 24],
+        "pfx-own-key": [*prefix, 21, 22, 23, 24],
     }
     metas = {}
     for rid, ids in reqs.items():
