@@ -50,9 +50,9 @@ needs_real_sglang = [
 #: What SGLang needs on a CPU (docs/sglang.md, "A real SGLang on a CPU").
 CPU_ARGS = ["--device", "cpu", "--max-total-tokens", "16384", "--host", "127.0.0.1"]
 CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "false"}
-# One OpenMP thread: the server shares the two cores with the daemon and the test, and
-# spinning OpenMP threads on a contended core made forwards of a tiny model 100x slower.
-TEST_ENV = {"OMP_NUM_THREADS": "1"}
+# One OpenMP thread for a test's server: it shares the two cores with the daemon and the test,
+# and spinning OpenMP threads on a contended core made forwards of a tiny model 100x slower.
+TEST_THREADS = 1
 
 
 def free_port() -> int:
@@ -93,8 +93,10 @@ class Server:
         dtype: str = "float32",
         extra: list[str] | None = None,
         bare: bool = False,
+        hook: bool = True,
         drop_args: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
+        threads: int | None = TEST_THREADS,
     ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -104,17 +106,19 @@ class Server:
         user = ["--model-path", str(model), "--port", str(self.port), "--dtype", dtype]
         user += CPU_ARGS + list(extra or [])
         if bare:
-            hook = sglang_args(dump_dir, model)
-            hook = [a for a in hook if a not in drop_args]
-            cmd = [str(SGLANG_PY), "-m", "sglang.launch_server", *user, *hook]
+            from eagle3d.sglang_launch import FIXED_ARGS
+
+            ours = sglang_args(dump_dir, model) if hook else list(FIXED_ARGS)
+            ours = [a for a in ours if a not in drop_args]
+            cmd = [str(SGLANG_PY), "-m", "sglang.launch_server", *user, *ours]
         else:
             cmd = [sys.executable, "-m", "eagle3d", "serve-sglang", "--python", str(SGLANG_PY)]
             cmd += ["--dump-dir", str(dump_dir), "--", *user]
         self.cmd = cmd
         base = {k: v for k, v in os.environ.items() if k != "EAGLE3D_FAULT"}
-        self.env = {
-            **base, **CPU_ENV, **TEST_ENV, "EAGLE3D_SGL_KERNEL_TRAP": str(self.trap), **(env or {})
-        }  # fmt: skip
+        if threads is not None:
+            base["OMP_NUM_THREADS"] = str(threads)
+        self.env = {**base, **CPU_ENV, "EAGLE3D_SGL_KERNEL_TRAP": str(self.trap), **(env or {})}
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 240) -> Server:
@@ -166,14 +170,21 @@ class Server:
         try:
             return self.proc.wait(timeout)
         finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)  # nothing may outlive a test
+            self.kill()  # nothing may outlive a test
 
     def kill(self) -> None:
+        """SIGKILL to the whole server: ours, and SGLang's own session under serve-sglang."""
         assert self.proc is not None
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        for pgid in [self.proc.pid, *self.main_pids()]:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
         self.proc.wait(30)
+
+    def pause(self, stopped: bool) -> None:
+        """SIGSTOP / SIGCONT the SGLang processes (an idle SGLang scheduler polls a core)."""
+        pgids = self.main_pids() or [self.proc.pid if self.proc else 0]
+        for pgid in pgids[-1:]:
+            os.killpg(pgid, signal.SIGSTOP if stopped else signal.SIGCONT)
 
 
 def sglang_args(dump_dir: Path, model: Path) -> list[str]:

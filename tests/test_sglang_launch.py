@@ -224,3 +224,37 @@ def test_serve_restarts_a_server_that_died_after_it_was_ready_until_stopped(
     assert "restart 1 in 0 s" in caplog.text and "restart 2 in 0 s" in caplog.text
     assert "SIGTERM" in caplog.text
     assert rc in (0, 1, 128 + signal.SIGTERM)
+
+
+def test_a_killed_serve_sglang_takes_its_server_with_it(tmp_path: Path) -> None:
+    """SGLang runs in a session of its own; if serve-sglang dies by SIGKILL, the server gets
+    SIGTERM (parent-death signal) rather than living on with its port and memory."""
+    import os
+    import signal
+    import time
+
+    pidfile = tmp_path / "server.pid"
+    child = f"import os, time; open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+    sup = (
+        "import sys; from eagle3d import sglang_launch as sl; "
+        f"sl.supervise([sys.executable, '-c', {child!r}], {{}}, 'http://127.0.0.1:9', poll=0.05)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", sup])
+    try:
+        deadline = time.monotonic() + 30
+        while not pidfile.exists() or not pidfile.read_text():
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        server = int(pidfile.read_text())
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                os.kill(server, 0)
+            except ProcessLookupError:
+                break
+            assert time.monotonic() < deadline, "the server outlived its supervisor"
+            time.sleep(0.05)
+    finally:
+        proc.kill()

@@ -4,8 +4,9 @@ One server for the module (``eagle3d serve-sglang``, fp32, a 10-layer tiny Llama
 three aux layers differ, ``--chunked-prefill-size 64`` with samples several chunks long, mixed
 chunks on), its dump area a small tmpfs when run as root. The tests run in file order and share
 it: a generated dataset extracted and compared with an independent Hugging Face forward; a dump
-that never arrives; requests that are not ours; kill -9 of the daemon and of the server; a full
-dump area; the monitor's readings; and last, the stop in order.
+that never arrives; the monitor's readings; kill -9 of the daemon and of the server; requests
+that are not ours (after the restart, so that the last life of the server saw them); a full
+dump area; and last, the stop in order.
 
     scripts/sglang_env && EAGLE3D_SGLANG_E2E=1 scripts/test tests/test_sglang_real_server.py
 """
@@ -189,46 +190,6 @@ def test_monitor_shows_the_real_servers_readings(extraction: dict[str, Any]) -> 
     assert f"prompt_tokens_total {total}" in text and "num_running_reqs 0" in text, text
 
 
-def test_requests_that_are_not_ours_write_no_dump(
-    model10: Path, server: sr.Server, work: Path
-) -> None:
-    """A user's /generate requests (decoding 8 tokens, so their decodes share forwards with
-    our prefills), /health and /server_info on the same server during a run: no stray dump."""
-    data, valid, bad, _ = dataset(work, "foreign", 24, seed=2)
-    out = work / "foreign"
-    stop = threading.Event()
-    answers: list[int] = []
-
-    def user() -> None:
-        k = 0
-        while not stop.is_set() and k < 400:
-            k += 1
-            ids = [(k * 7 + j) % 900 + 10 for j in range(20 + k % 50)]
-            body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
-            if k % 3 == 0:
-                body = {"text": "the model reads", "sampling_params": {"max_new_tokens": 8}}
-            answers.append(sr.http(server.url + "/generate", body)[0])
-            sr.http(server.url + "/health")
-            sr.http(server.url + "/server_info")
-
-    users = [threading.Thread(target=user) for _ in range(3)]
-    for t in users:
-        t.start()
-    try:
-        time.sleep(1.0)  # the user is already there when the run starts
-        r = run(model10, data, out, server, "--concurrency", "8")
-    finally:
-        stop.set()
-        for t in users:
-            t.join(60)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    runkit.assert_complete(out, valid, bad)
-    assert answers and set(answers) == {200}, answers
-    assert runkit.records(out, "dump_orphan") == []
-    assert os.listdir(server.dump_dir) == []  # nothing but our own dumps was ever written
-    server.check_clean()
-
-
 def test_kill_9_of_the_daemon_mid_run_resumes_exactly_once(
     model10: Path, server: sr.Server, work: Path
 ) -> None:
@@ -273,6 +234,46 @@ def test_kill_9_of_the_server_mid_run_is_waited_for(
     worst = sr.compare_with_hf(out, model10, convs)
     assert worst["aux"] <= 1e-5 and worst["final"] <= 1e-5, worst
     server.wait_ready()
+
+
+def test_requests_that_are_not_ours_write_no_dump(
+    model10: Path, server: sr.Server, work: Path
+) -> None:
+    """A user's /generate requests (decoding 8 tokens, so their decodes share forwards with
+    our prefills), /health and /server_info on the same server during a run: no stray dump."""
+    data, valid, bad, _ = dataset(work, "foreign", 24, seed=2)
+    out = work / "foreign"
+    stop = threading.Event()
+    answers: list[int] = []
+
+    def user() -> None:
+        k = 0
+        while not stop.is_set() and k < 400:
+            k += 1
+            ids = [(k * 7 + j) % 900 + 10 for j in range(20 + k % 50)]
+            body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
+            if k % 3 == 0:
+                body = {"text": "the model reads", "sampling_params": {"max_new_tokens": 8}}
+            answers.append(sr.http(server.url + "/generate", body)[0])
+            sr.http(server.url + "/health")
+            sr.http(server.url + "/server_info")
+
+    users = [threading.Thread(target=user) for _ in range(3)]
+    for t in users:
+        t.start()
+    try:
+        time.sleep(1.0)  # the user is already there when the run starts
+        r = run(model10, data, out, server, "--concurrency", "8")
+    finally:
+        stop.set()
+        for t in users:
+            t.join(60)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    runkit.assert_complete(out, valid, bad)
+    assert answers and set(answers) == {200}, answers
+    assert runkit.records(out, "dump_orphan") == []
+    assert os.listdir(server.dump_dir) == []  # nothing but our own dumps was ever written
+    server.check_clean()
 
 
 @pytest.mark.xfail(strict=True, reason="needs the dump-area pause of issue #18")

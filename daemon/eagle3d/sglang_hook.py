@@ -628,7 +628,9 @@ class Capture:
         self.forwards = 0
 
     def _describe(self) -> str:
-        return "forwards " + (", ".join(f"{m} {n}" for m, n in sorted(self.modes.items())) or "none")
+        return "forwards " + (
+            ", ".join(f"{m} {n}" for m, n in sorted(self.modes.items())) or "none"
+        )
 
     def __call__(self, module: Any, args: tuple[Any, ...], output: Any) -> None:
         if module is not self.inner:

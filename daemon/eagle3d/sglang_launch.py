@@ -162,6 +162,17 @@ class RestartPolicy:
         return self.delay
 
 
+def _term_with_parent() -> None:
+    """In the child: SIGTERM when serve-sglang dies (even by SIGKILL), so SGLang, in a session
+    of its own, drains and exits instead of living on, holding its port and memory."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the server outlives a killed supervisor
+        pass
+
+
 def _exit_status(rc: int) -> int:
     return rc if rc >= 0 else 128 - rc
 
@@ -180,7 +191,9 @@ class _Server:
     """One life of the server: its own session, so a terminal's Ctrl-C does not reach it."""
 
     def __init__(self, cmd: list[str], env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd, env=env, start_new_session=True, preexec_fn=_term_with_parent
+        )
         self.started = time.monotonic()
         self.ready_at: float | None = None
 
