@@ -14,9 +14,10 @@ that alternates between rounds:
   load it, ``torch.save``, next).
 
 Reported: tokens/s of each (prompt tokens / wall time of the process), the ratios daemon/bare
-and daemon/serial per round (median and spread), and the daemon's own working span (first
-send to ``run_finished``, from its journal) to separate its start and drain from the steady
-state.
+and daemon/serial per round (median and spread), the daemon's own working span (first send to
+``run_finished``, from its journal) to separate its start and drain from the steady state, and
+tokens per CPU-second of the client process plus the server's processes (less sensitive than
+wall time to other work on a shared machine, and it says where the CPU goes).
 
     flock /tmp/eagle3d-bench.lock .venv/bin/python bench/sglang_server.py [--rounds 5]
 """
@@ -107,14 +108,41 @@ def client_main(argv: list[str]) -> None:
 # the harness
 
 
-def timed(cmd: list[str]) -> float:
+def group_cpu(pid: int) -> float:
+    """CPU seconds used so far by ``pid`` and its descendants (SGLang's scheduler, ...)."""
+    import psutil
+
+    total = 0.0
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            continue
+    return total
+
+
+def timed(cmd: list[str], server_pid: int) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the client process plus the server's processes)."""
+    import resource
+
     os.sync()  # the previous round's writes are not this one's
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    s0 = group_cpu(server_pid)
     t0 = time.monotonic()
     r = subprocess.run(cmd, env=ENV, capture_output=True, text=True)
     wall = time.monotonic() - t0
+    s1 = group_cpu(server_pid)
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     if r.returncode != 0:
         raise RuntimeError(f"{cmd[:4]} failed ({r.returncode}): {r.stderr[-3000:]}")
-    return wall
+    client = (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)
+    return wall, client + (s1 - s0)
 
 
 def daemon_span(out: Path) -> float:
@@ -161,7 +189,7 @@ def main() -> None:
         if len(samples) == a.convs:
             break
     data = work / "data.jsonl"
-    data.write_text("\n".join(lines) + "\n")
+    data.write_bytes(b"\n".join(lines) + b"\n")
     ids = work / "ids.json"
     ids.write_text(json.dumps(samples))
     tokens = sum(map(len, samples))
@@ -191,24 +219,23 @@ def main() -> None:
                 # polls, and would take CPU from the one measured.
                 hooked.pause(kind == "bare")
                 bare.pause(kind != "bare")
-                if kind == "bare":
-                    wall = timed(
-                        [*me, "bare", bare.url, str(ids), "--concurrency", str(a.concurrency)]
-                    )
-                elif kind == "tagged":
-                    wall = timed(
-                        [*me, "tagged", hooked.url, str(ids), "--concurrency", str(a.concurrency)]
-                    )
+                server = bare if kind == "bare" else hooked
+                pid = server.main_pids()[-1] if server.main_pids() else server.proc.pid  # type: ignore[union-attr]
+                if kind in ("bare", "tagged"):
+                    cmd = [*me, kind, server.url, str(ids), "--concurrency", str(a.concurrency)]
                 elif kind == "serial":
-                    wall = timed([*me, "serial", hooked.url, str(ids), "--dump-dir",
-                                  str(shm / "hooked"), "--out", str(work / "serial")])  # fmt: skip
+                    cmd = [*me, "serial", hooked.url, str(ids), "--dump-dir", str(shm / "hooked"),
+                           "--out", str(work / "serial")]  # fmt: skip
                 else:
                     out = work / "out"
-                    wall = timed([sys.executable, "-m", "eagle3d", "run", "--backend", "sglang",
-                                  "--server", hooked.url, "--model", str(model), "--dataset",
-                                  str(data), "--output", str(out), "--dump-dir", str(shm / "hooked"),
-                                  "--concurrency", str(a.concurrency)])  # fmt: skip
-                    row["daemon_span"] = tokens / daemon_span(out)
+                    cmd = [sys.executable, "-m", "eagle3d", "run", "--backend", "sglang",
+                           "--server", hooked.url, "--model", str(model), "--dataset", str(data),
+                           "--output", str(out), "--dump-dir", str(shm / "hooked"),
+                           "--concurrency", str(a.concurrency)]  # fmt: skip
+                wall, cpu = timed(cmd, pid)
+                if kind == "daemon":
+                    row["daemon_span"] = tokens / daemon_span(work / "out")
+                row[f"{kind}_per_cpu_s"] = tokens / cpu
                 row[kind] = tokens / wall
             rounds.append(row)
             print(
