@@ -717,14 +717,18 @@ class Capture:
         )
         aux_t = torch.cat([parts[k] for k in self.order], dim=-1)
         picked = [fb.input_ids[rows], aux_t[rows], hidden[rows]]
+        # Which of them are views of the model's own storage, which it may reuse after the
+        # hook returns: a slice of ids or hidden. Indexing with a tensor, and the cat of the
+        # aux states, made new tensors already (on CPU, a second copy would be wasted).
+        borrowed = [contiguous, False, contiguous]
         cuda = hidden.is_cuda
         host = []
-        for t in picked:
+        for t, view in zip(picked, borrowed, strict=True):
             if cuda:
                 h = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
                 h.copy_(t, non_blocking=True)
             else:
-                h = t.clone()  # the model may reuse the storage after the hook returns
+                h = t.clone() if view else t
             host.append(h)
         ready = None
         if cuda:
