@@ -379,7 +379,16 @@ class Writer:
         self.thread.start()
         # On a normal interpreter exit, finish what is queued (bounded) rather than lose dumps
         # of requests already answered.
-        atexit.register(self.close, 30.0)
+        atexit.register(self._close_at_exit)
+
+    def _close_at_exit(self) -> None:
+        # A logging stream closed before us (a test runner's capture) must not print a
+        # "Logging error" traceback for the closing line.
+        raising, logging.raiseExceptions = logging.raiseExceptions, False
+        try:
+            self.close(30.0)
+        finally:
+            logging.raiseExceptions = raising
 
     def put(self, batch: Batch) -> None:
         self.queue.put(batch)  # blocks only when max_pending batches are waiting: back-pressure
