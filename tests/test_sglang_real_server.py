@@ -193,7 +193,7 @@ def test_monitor_shows_the_real_servers_readings(extraction: dict[str, Any]) -> 
 def test_kill_9_of_the_daemon_mid_run_resumes_exactly_once(
     model10: Path, server: sr.Server, work: Path
 ) -> None:
-    data, valid, bad, convs = dataset(work, "kill-daemon", 120, seed=3, bad_every=40)
+    data, valid, bad, convs = dataset(work, "kill-daemon", 80, seed=3, bad_every=40)
     out = work / "kill-daemon"
     proc = start(model10, data, out, server, "--concurrency", "8")
     with runkit.reaped(proc):
@@ -213,7 +213,7 @@ def test_kill_9_of_the_server_mid_run_is_waited_for(
 ) -> None:
     """SGLang's main process is killed with SIGKILL mid-run: serve-sglang restarts it; the
     daemon waits (producer down, no attempt counted), resends, and finishes exactly once."""
-    data, valid, bad, convs = dataset(work, "kill-server", 120, seed=4, bad_every=40)
+    data, valid, bad, convs = dataset(work, "kill-server", 80, seed=4, bad_every=40)
     out = work / "kill-server"
     lives = len(server.main_pids())
     proc = start(model10, data, out, server, "--concurrency", "8", "--request-timeout", "120")
