@@ -312,13 +312,18 @@ def test_a_full_dump_area_pauses_the_run_and_burns_no_sample(
 
 def test_the_stop_lets_the_hooks_writer_drain(server: sr.Server) -> None:
     """Last: SIGTERM to serve-sglang stops SGLang's main process first; SGLang drains and
-    asks its scheduler to exit, and the hook's writer says what it did, including the mixed
-    (prefill + decode) forwards of the foreign requests above."""
+    asks its scheduler to exit by itself, and the hook's writer finishes and says what it saw:
+    forwards packing several of our requests, and a continued chunk beside a new request."""
     rc = server.stop()
     log = server.text()
     assert rc == 0, server.tail()
     assert "crashed with exit code" not in log.split("restart")[-1], server.tail()
-    finished = re.findall(r"dump writer finished: (\d+) written, (\d+) lost.*forwards (.*)", log)
+    finished = re.findall(
+        r"dump writer finished: (\d+) written, \d+ lost, \d+ refused; forwards .*EXTEND \d+.*; "
+        r"at most (\d+) of our requests in one, (\d+) with a continued chunk beside a new",
+        log,
+    )
     assert finished, server.tail()
-    assert "MIXED" in finished[-1][2] and "EXTEND" in finished[-1][2], finished
+    written, most, beside = map(int, finished[-1])
+    assert written > 0 and most >= 2 and beside >= 1, finished
     server.check_clean()

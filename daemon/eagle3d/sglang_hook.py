@@ -635,10 +635,14 @@ class Capture:
         self.modes: Counter[str] = Counter()  # captured forwards by mode
         self.writer = Writer(self.assembler, max_pending, self._describe) if self.writes else None
         self.forwards = 0
+        self.most_requests = 0  # of ours in one forward
+        self.chunk_beside_new = 0  # forwards packing a continued chunk with a new request
 
     def _describe(self) -> str:
-        return "forwards " + (
-            ", ".join(f"{m} {n}" for m, n in sorted(self.modes.items())) or "none"
+        modes = ", ".join(f"{m} {n}" for m, n in sorted(self.modes.items())) or "none"
+        return (
+            f"forwards {modes}; at most {self.most_requests} of our requests in one, "
+            f"{self.chunk_beside_new} with a continued chunk beside a new request"
         )
 
     def __call__(self, module: Any, args: tuple[Any, ...], output: Any) -> None:
@@ -678,6 +682,9 @@ class Capture:
             return None
         segments = self._segments(fb)
         if segments:
+            self.most_requests = max(self.most_requests, len(segments))
+            starts = {p == 0 for _, p, _, _ in segments}
+            self.chunk_beside_new += starts == {True, False}
             self.writer.put(self._to_host(fb, hidden, aux, segments))
         return None
 
