@@ -133,7 +133,6 @@ class Daemon:
         self.done = asyncio.Event()
         self._feed_stop = threading.Event()
         self._pipeline_started = False
-        self._warming = False  # the commit pool was asked to import torch
         self._finishing: asyncio.Future[None] | None = None
         self._telemetry: Telemetry | None = None  # made with the first stats record
         self._lock: ShardLock | None = None
@@ -260,6 +259,12 @@ class Daemon:
         await self._start_server()
         self.dump_dir = cfg.dump_dir or _default_dump_dir(self.run_id, self.shard)
         self.committer = Committer(self.output)
+        # The daemon's own tensor work (validate, torch.save) is memory-bound: one intra-op
+        # thread, so OpenMP spinning never steals cores from a producer on the same host.
+        import torch
+
+        torch.set_num_threads(1)
+        self.committer.warm_up()
         removed = self.committer.clean_temp_files(
             [paths.sample_relpath(i) for i in range(0, len(self.status), paths.GROUP_SIZE)]
         )
@@ -452,21 +457,8 @@ class Daemon:
         waiting = sum(1 for p in self.inflight.values() if p.stage == SENT and not p.started)
         return waiting >= self.window or len(self.inflight) >= 3 * self.window
 
-    def _warm_up(self) -> None:
-        """Commit thread, once: torch's import and first use. Paid after the first request is
-        sent, while the producer computes it, instead of before (about a second)."""
-        import torch
-
-        # The daemon's own tensor work (validate, torch.save) is memory-bound: one intra-op
-        # thread, so OpenMP spinning never steals cores from a producer on the same host.
-        torch.set_num_threads(1)
-        self.committer.warm_up()
-
     def _send(self, p: Pending) -> None:
         assert self.producer is not None
-        if not self._warming:
-            self._warming = True
-            self.commit_pool.submit(self._warm_up)
         p.attempt += 1
         p.rid = f"{self.rid_prefix}{self.session}-{p.idx}-{p.attempt}"
         p.stage = SENT
