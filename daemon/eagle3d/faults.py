@@ -12,6 +12,8 @@ process, does not fire again):
   producer, so that a test can act while a run is surely still in progress).
 * ``bad_dump:<ids|shape|nan|truncate|vanish>:<n>`` - the HF worker corrupts its n-th dump
   (``vanish``: deletes it right after writing it, as a cleanup of the dump area would).
+* ``hook_drop:<n>`` - the SGLang capture hook's writer silently drops its n-th dump (no file,
+  no failure marker), as a server dying between its answer and the write would.
 
 With the variable unset every check is a dictionary lookup that returns False.
 """
@@ -54,7 +56,7 @@ def parse(text: str) -> dict[str, Fault]:
                 raise ValueError(f"EAGLE3D_FAULT: unknown kill point in {spec!r}")
             n = int(parts[2]) if len(parts) > 2 else 1
             out[f"kill:{parts[1]}"] = Fault("kill", parts[1], n, marker)
-        elif name in ("worker_hang", "worker_exit", "worker_slow"):
+        elif name in ("worker_hang", "worker_exit", "worker_slow", "hook_drop"):
             out[name] = Fault(name, "", int(parts[1]) if len(parts) > 1 else 1, marker)
         elif name == "bad_dump":
             if len(parts) < 2 or parts[1] not in BAD_DUMPS:

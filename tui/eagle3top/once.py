@@ -85,6 +85,7 @@ class ShardDoc(Counts, kw_only=True):
     reason: str
     producer_up: bool | None
     producer_latency_s: float | None
+    producer_detail: dict[str, float | str]
     daemon_cpu_percent: float | None
     daemon_rss_bytes: int | None
     gpu_note: str
@@ -150,6 +151,7 @@ def build(rows: list[Row], now: float) -> tuple[OnceDoc, Report]:
                 reason=h.reason,
                 producer_up=stats.producer.up if stats else None,
                 producer_latency_s=stats.producer.latency_s if stats else None,
+                producer_detail=dict(stats.producer.detail) if stats else {},
                 daemon_cpu_percent=stats.cpu_percent if stats else None,
                 daemon_rss_bytes=stats.rss_bytes if stats else None,
                 gpu_note=stats.gpu_note if stats else "",
