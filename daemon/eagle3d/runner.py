@@ -505,11 +505,20 @@ class Daemon:
                 self._send(self.requeue.pop(0))
                 continue
             # Failures that could not be journaled (disk full) go first once resumed.
-            item = self.unrecorded.pop(0) if self.unrecorded else await self.handoff.get()
+            if self.unrecorded:
+                item = self.unrecorded.pop(0)
+            elif self.feed_done:
+                # Nothing more to read, but a sample in flight may still come back uncounted
+                # (a pause on the dump area) and go to the requeue: keep serving it.
+                self.wake.clear()
+                await self.wake.wait()
+                continue
+            else:
+                item = await self.handoff.get()
             if item is _END:
                 self.feed_done = True
                 self._check_done()
-                return
+                continue
             if isinstance(item, BadSample):
                 # Say it in the foreground too, naming the file: the record alone is only
                 # visible to someone who already knows to look at the journal.
