@@ -11,7 +11,6 @@ for a Python start, a socket round trip or a journal read, and nothing else.
 from __future__ import annotations
 
 import os
-import sys
 from typing import TextIO
 
 import msgspec
@@ -263,7 +262,9 @@ def use_color(stream: TextIO) -> bool:
     return stream.isatty()
 
 
-def _perf(label: str, value: float | int, unit: str = "", lo: float = 0, hi: float | None = None) -> str:
+def _perf(
+    label: str, value: float | int, unit: str = "", lo: float = 0, hi: float | None = None
+) -> str:
     """One monitoring-plugins perfdata item: ``label=value[UOM];warn;crit;min;max``."""
     v = f"{value:.4g}" if isinstance(value, float) else str(value)
     top = "" if hi is None else (f"{hi:g}" if isinstance(hi, float) else str(hi))

@@ -16,6 +16,7 @@ over the target, the atomic write the textfile collector asks for.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 
@@ -42,7 +43,12 @@ _JOB_METRICS: list[tuple[str, str, str, object]] = [
     ("eagle3d_tokens_saved_total", "counter", "Tokens in the samples committed.", "tokens_saved"),
     ("eagle3d_samples", "gauge", "Samples in the job (shard); absent while unknown.", "total"),
     ("eagle3d_samples_in_flight", "gauge", "Samples sent, no dump yet.", "in_flight"),
-    ("eagle3d_samples_committing", "gauge", "Samples whose dump arrived, not saved yet.", "committing"),
+    (
+        "eagle3d_samples_committing",
+        "gauge",
+        "Samples whose dump arrived, not saved yet.",
+        "committing",
+    ),
     ("eagle3d_samples_remaining", "gauge", "Samples neither saved nor failed.", "remaining"),
     ("eagle3d_saved_ratio", "gauge", "Saved over total (0 to 1).", "percent"),
     (
@@ -106,7 +112,7 @@ def _value(c: Counts, key: object) -> float | int | None:
         return float(v) / 100.0
     if key == "eta_frozen":
         return 1 if v else 0
-    return v  # type: ignore[no-any-return]
+    return None if v is None else float(v) if isinstance(v, float) else int(v)
 
 
 class _Out:
@@ -244,8 +250,6 @@ def write_textfile(path: str, text: str) -> None:
         os.chmod(tmp, 0o644)  # mkstemp makes it 0600; node_exporter may run as another user
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise
