@@ -4,6 +4,7 @@
   live, with the socket retried on a capped back-off.
 * :class:`StreamFeed` - a remote host through ``ssh HOST eagle3-top --stream``, restarted
   on a capped back-off when it ends.
+* :class:`ShardWatch` - the shards of an output that start after the monitor did.
 
 Both speak the same protocol through :meth:`Feed._session`. Time for display comes from the
 injected wall clock; back-off sleeps use the event loop.
@@ -269,3 +270,41 @@ class StreamFeed(Feed):
             delay = backoff(row.attempts, self.delays)
             row.retry_at = self.clock() + delay
             await self._sleep(delay)
+
+
+class ShardWatch:
+    """New shards of an output, as their journal folders appear (a Slurm array's tasks start
+    at different times): one listing of ``OUTPUT/.eagle3d/journal/`` per :meth:`poll`.
+
+    ``make`` builds the feed of a new target; a placeholder target whose journal folder
+    does not exist (what discovery gives for an output with no journal yet) is replaced by
+    the real shards once they appear.
+    """
+
+    def __init__(
+        self,
+        output: str,
+        make: Callable[[Target], Feed],
+        known: list[Target],
+        keep: Callable[[Target], bool] = lambda t: True,
+    ) -> None:
+        self.output = output
+        self.make = make
+        self.keep = keep
+        self._known = {t.jdir for t in known if t.jdir}
+
+    def poll(self, feeds: list[Feed]) -> tuple[list[Feed], list[Feed]]:
+        """(feeds to add, placeholder feeds to drop) for the journal folders now present."""
+        from .sources import discover
+
+        found = [t for t in discover(self.output, None) if os.path.isdir(t.jdir) and self.keep(t)]
+        new = [t for t in found if t.jdir not in self._known]
+        if not new:
+            return [], []
+        self._known.update(t.jdir for t in new)
+        drop = [
+            f
+            for f in feeds
+            if isinstance(f, LocalFeed) and f.row.state is None and not os.path.isdir(f.target.jdir)
+        ]
+        return [self.make(t) for t in new], drop

@@ -100,6 +100,21 @@ def sparkline(values: list[int] | list[float]) -> str:
     )
 
 
+def chart(values: list[int] | list[float], rows: int) -> list[str]:
+    """A bar chart ``rows`` lines high (top line first), one column per value, scaled to the
+    maximum; eighth blocks give each column ``8 * rows`` steps."""
+    top = max(values, default=0)
+    steps = [round(v / top * 8 * rows) if top > 0 else 0 for v in values]
+    out = []
+    for r in range(rows - 1, -1, -1):
+        line = []
+        for n in steps:
+            level = n - 8 * r
+            line.append("█" if level >= 8 else (" " if level <= 0 else _SPARK[level - 1]))
+        out.append("".join(line))
+    return out
+
+
 def bar(fraction: float, width: int) -> str:
     """A text progress bar of ``width`` cells."""
     f = min(max(fraction, 0.0), 1.0)
