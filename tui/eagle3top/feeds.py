@@ -173,11 +173,13 @@ class LocalFeed(Feed):
             await self._follow_journal(delay)
 
     async def _try_socket(self) -> bool:
+        errors = []
         for path in self.target.socket_candidates():
             try:
                 reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(path), 2.0)
             except (OSError, TimeoutError) as e:
-                self.row.error = f"socket {path}: {getattr(e, 'strerror', None) or e}"
+                errors.append(f"socket {path}: {getattr(e, 'strerror', None) or e}")
+                self.row.error = "; ".join(errors)
                 continue
             writer.write(wire.encode(wire.Hello(client="eagle3-top")))
             self.row.source = "socket"
@@ -213,6 +215,9 @@ class LocalFeed(Feed):
                     every = max(every, QUIET_POLL_S)
             else:
                 row.conn = "disconnected"
+                # The words --once uses for the same situation.
+                if t.jdir and not row.error.startswith("no journal"):
+                    row.error = f"no journal at {t.jdir}" + (f"; {row.error}" if row.error else "")
             left = end - loop.time()
             if left <= 0 or await self._sleep(min(every, left)):
                 return

@@ -128,7 +128,7 @@ class OnceDoc(Counts, kw_only=True):
 def _counts(v: View, now: float) -> dict[str, object]:
     eta = v.eta_s
     # A frozen ETA has no finish time: nobody knows when the work resumes.
-    finish = None if eta is None or v.eta_frozen else round(now + eta, 1)
+    finish = None if not eta or v.eta_frozen else round(now + eta, 1)
     return {
         "total": v.total if v.total >= 0 else None,
         "sent": v.sent,

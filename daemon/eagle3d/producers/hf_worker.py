@@ -210,6 +210,9 @@ class Worker:
             dtype = torch.float32 if self.device == "cpu" else torch.bfloat16
         else:
             dtype = getattr(torch, args.dtype)
+        slow = faults.armed("worker_slow_load")
+        if slow is not None:
+            time.sleep(slow.n / 1000)
         model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype)
         model.eval().to(self.device)
         self.model = model
