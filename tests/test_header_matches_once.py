@@ -49,7 +49,9 @@ def stopped(code: int) -> Callable[[str], contextlib.AbstractContextManager[obje
     def setup(out: str) -> contextlib.AbstractContextManager[object]:
         t0 = time.time() - 50
         events = run_events(t0, total=10, saved=4)
-        events.append(ev.RunStopped(ts=t0 + 5, reason="signal" if not code else "x", exit_code=code))
+        events.append(
+            ev.RunStopped(ts=t0 + 5, reason="signal" if not code else "x", exit_code=code)
+        )
         write_journal(out, events)
         return nothing()
 

@@ -102,7 +102,9 @@ def test_every_family_has_help_and_type_and_shards_carry_a_label(tmp_path) -> No
     free = samples(text, "eagle3d_disk_free_bytes")
     assert list(free.values()) == [10**12]  # per host, not per shard
     assert p.returncode == 0  # both running: saves 96 s ago, stats a second ago
-    ones = {dict(k)["shard"]: dict(k)["state"] for k, v in samples(text, "eagle3d_state").items() if v}
+    ones = {
+        dict(k)["shard"]: dict(k)["state"] for k, v in samples(text, "eagle3d_state").items() if v
+    }
     assert ones == {"shard-0-of-2": "running", "shard-1-of-2": "running", "total": "running"}
 
 

@@ -131,7 +131,7 @@ class Eagle3Top(App[int]):
         self.interval = interval
         self.tz_offset_s = tz_offset_s
         self.run_feeds = run_feeds
-        self.watch = watch
+        self.shard_watch = watch
         self.paused = False
         self._shown: dict[str, Text] = {}
         self._drawn_version: tuple[int, ...] = ()
@@ -168,11 +168,11 @@ class Eagle3Top(App[int]):
 
     def on_mount(self) -> None:
         for f in self.feeds:
-            self._attach(f)
+            self._start_feed(f)
         self._ticker = self.set_interval(self.interval, self.tick)
         self.tick()
 
-    def _attach(self, f: Feed) -> None:
+    def _start_feed(self, f: Feed) -> None:
         f.on_change = self.records_arrived
         # A busy socket is read four times per interval; every other read repaints the
         # counters in the same wake-up (see records_arrived).
@@ -182,10 +182,10 @@ class Eagle3Top(App[int]):
 
     def _watch_shards(self) -> None:
         """Add the shards whose journal folders appeared since the last look."""
-        if self.watch is None or time.monotonic() - self._watched_at < SHARD_POLL_S:
+        if self.shard_watch is None or time.monotonic() - self._watched_at < SHARD_POLL_S:
             return
         self._watched_at = time.monotonic()
-        new, drop = self.watch.poll(self.feeds)
+        new, drop = self.shard_watch.poll(self.feeds)
         for f in drop:
             task = self._tasks.pop(f, None)
             if task is not None:
@@ -195,7 +195,7 @@ class Eagle3Top(App[int]):
         for f in new:
             self.feeds.append(f)
             self.rows.append(f.row)
-            self._attach(f)
+            self._start_feed(f)
         if new or drop:
             self.rows.sort(key=lambda r: r.label)
             self._layout()
@@ -272,7 +272,7 @@ class Eagle3Top(App[int]):
             return
         if self._panel("fleet") is None:
             return  # closing
-        full, left, right = self._widths()
+        full, left, _ = self._widths()
         self._set("verdict", panels.verdict_line(report, rows, now))
         if len(rows) > 1:
             self._set("fleet", panels.fleet(rows, now, full, report))

@@ -307,7 +307,7 @@ class ShardWatch:
         if not new:
             return [], []
         self._known.update(t.jdir for t in new)
-        drop = [
+        drop: list[Feed] = [
             f
             for f in feeds
             if isinstance(f, LocalFeed) and f.row.state is None and not os.path.isdir(f.target.jdir)

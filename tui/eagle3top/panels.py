@@ -289,7 +289,7 @@ def history(rows: list[Row], now: float, width: int = 100, height: int = 4) -> T
             if not e.retry and 0 <= k < bins:
                 fails[k] += 1
     t.append(f"{'failed':>8}", style=DIM)
-    t.append("".join("×" if n else "·" for n in fails), style=BAD if any(fails) else DIM)
+    t.append("".join("x" if n else "·" for n in fails), style=BAD if any(fails) else DIM)
     t.append(f"\n{'':8}-{seconds // 60} min", style=DIM)
     t.append(f"{'now':>{max(bins - len(str(seconds // 60)) - 5, 1)}}", style=DIM)
     return t
@@ -346,7 +346,9 @@ def gpu_lines(g: GpuInfo, now: float, old: bool = False) -> Text:
     t = Text()
     mem = g.mem_used_bytes / g.mem_total_bytes if g.mem_total_bytes else 0.0
     t.append(f"gpu{g.index} ", style="bold")
-    t.append(f"{g.util_percent:3.0f}% ", style=DIM if old else (GOOD if g.util_percent >= 50 else WARN))
+    t.append(
+        f"{g.util_percent:3.0f}% ", style=DIM if old else (GOOD if g.util_percent >= 50 else WARN)
+    )
     t.append(f"{g.mem_used_bytes / 1e9:.0f}/{g.mem_total_bytes / 1e9:.0f} GB ")
     hot = g.temperature_c >= 85
     t.append(f"{g.temperature_c:.0f}C ", style=BAD if hot and not old else "")
