@@ -211,7 +211,7 @@ def test_paused_freezes_the_eta_at_the_pause() -> None:
     assert a.eta_frozen == "paused: disk full writing to /o"
     assert a.rate.samples_s == 0.0  # the live rate is honest: nothing is being saved
     h = health(r, NOW)
-    assert (h.state, h.level, h.reason) == ("paused", CRITICAL, "paused: disk full writing to /o")
+    assert (h.state, h.level, h.reason) == ("paused", CRITICAL, "disk full writing to /o")
     gone = row(running(), alive=False).view(NOW + 50)
     assert gone.eta_frozen == "daemon down"
 

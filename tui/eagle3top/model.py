@@ -151,9 +151,8 @@ def health(row: Row, now: float) -> Health:
         level = CRITICAL if s.stop_code else WARNING
         return Health("stopped", level, s.state_reason or "stopped")
     if s.state == "paused":
-        why = f"paused: {s.state_reason}" if s.state_reason else "paused"
         full = "disk" in s.state_reason.lower() and "full" in s.state_reason.lower()
-        return Health("paused", CRITICAL if full else WARNING, why)
+        return Health("paused", CRITICAL if full else WARNING, s.state_reason or "no reason given")
     if s.producer == "waiting":
         waited = now - s.producer_since
         what = _TRAILING_SECONDS.sub("", s.producer_message) or "waiting for the producer"

@@ -133,9 +133,11 @@ class Report:
                 )
             )
         proj = fmt.project_disk(row.view(now), fmt.find_disk(s.stats, "output"))
-        if proj is not None and proj.full and h.state != "paused":
+        if proj is None or (proj.full and h.state == "paused"):
+            pass  # paused on that full disk: the pause already says so
+        elif proj.full:
             out.append((CRITICAL, f"output disk full ({fmt.size(proj.free_bytes)} free)"))
-        elif proj is not None and proj.fits is False:
+        elif proj.fits is False:
             out.append((WARNING, f"disk {proj.describe()}"))
         for g in s.stats.gpus if s.stats else []:
             if g.last_xid_ts and now - g.last_xid_ts <= XID_CRITICAL_S:
