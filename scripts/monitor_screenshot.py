@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -34,6 +35,18 @@ def svg_to_png(svg: str, png: str) -> None:
     # columns. Non-breaking spaces are also collapsed by librsvg at segment edges.
     text = text.replace("Fira Code", "DejaVu Sans Mono").replace("&#160;", " ")
     text = text.replace("<svg ", '<svg xml:space="preserve" ', 1)
+    # librsvg ignores textLength, and DejaVu Sans Mono's advance (0.602 em) is narrower than
+    # the SVG's cell: long runs came out short and a panel's right border stood apart from
+    # its corners. Letter spacing makes up the difference.
+    size = re.search(r"\.terminal-matrix \{[^}]*font-size: ([0-9.]+)px", text)
+    cell = re.search(r'textLength="([0-9.]+)"[^>]*>[^<]</text>', text)
+    if size and cell:
+        gap = float(cell.group(1)) - 0.60205 * float(size.group(1))
+        text = text.replace(
+            "font-variant-east-asian: full-width;",
+            f"font-variant-east-asian: full-width; letter-spacing: {gap:.3f}px;",
+            1,
+        )
     fixed = svg + ".local.svg"
     with open(fixed, "w") as f:
         f.write(text)

@@ -38,7 +38,7 @@ journal file itself, or an ssh relay) and is shown with its age.
 
   q   quit
   ?   this help
-  p   freeze the screen (data keeps being collected; SCREEN FROZEN shows in the header)
+  p   freeze the screen (data is still collected; the header says SCREEN FROZEN)
   r   reconnect now (skip the back-off)
 
 Header: the verdict `eagle3-top --once` gives (state, level, reason), coloured by
@@ -93,7 +93,8 @@ class Eagle3Top(App[int]):
     CSS = """
     Screen { layout: vertical; }
     #header { height: 1; }
-    #verdict { height: 1; padding: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
+    #verdict { height: auto; max-height: 3; padding: 0 1; text-wrap: nowrap;
+               text-overflow: ellipsis; }
     #conn { height: auto; max-height: 4; padding: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
     .panel { border: round $primary; border-title-align: left; padding: 0 1; height: auto;
              text-wrap: nowrap; text-overflow: ellipsis; }
@@ -102,7 +103,6 @@ class Eagle3Top(App[int]):
     #fleet { border: round $secondary; }
     #grid { grid-size: 2; grid-columns: 7fr 5fr; grid-rows: auto; grid-gutter: 0 1;
             height: auto; }
-    #gpus { text-wrap: wrap; }
     #history { display: none; }
     #errors { height: 1fr; min-height: 5; }
     """
@@ -272,7 +272,7 @@ class Eagle3Top(App[int]):
             return
         if self._panel("fleet") is None:
             return  # closing
-        full, left, _ = self._widths()
+        full, left, right = self._widths()
         self._set("verdict", panels.verdict_line(report, rows, now))
         if len(rows) > 1:
             self._set("fleet", panels.fleet(rows, now, full, report))
@@ -284,7 +284,7 @@ class Eagle3Top(App[int]):
         self._set("throughput", panels.throughput(rows, now, left, span))
         self._set("disk", panels.disk(rows, now))
         self._set("producer", panels.producer(rows, now, report, left))
-        self._set("gpus", panels.gpus(rows, now))
+        self._set("gpus", panels.gpus(rows, now, right))
         if tall:
             self._set("history", panels.history(rows, now, full))
         errs = self._panel("errors")

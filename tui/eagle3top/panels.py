@@ -91,9 +91,9 @@ def header(
     return t
 
 
-def verdict_line(report: Report, rows: list[Row], now: float) -> Text:
-    """The reason under the header, in the level's colour (several messages: the first, and
-    how many more)."""
+def verdict_line(report: Report, rows: list[Row], now: float, most: int = 3) -> Text:
+    """The reason under the header in the level's colour, then up to ``most - 1`` more of
+    the report's messages (each in its own level's colour), then how many are left out."""
     style = LEVEL_STYLE[report.exit_code]
     t = Text()
     reason = report.reason
@@ -106,9 +106,11 @@ def verdict_line(report: Report, rows: list[Row], now: float) -> Text:
         else:
             reason = report.state.replace("_", " ")
     t.append(reason, style=style if report.exit_code != OK else "")
-    more = len(report.messages) - 1
-    if more > 0:
-        t.append(f"  (+{more} more: see --once)", style=DIM)
+    others = report.others
+    for lvl, m in others[: most - 1]:
+        t.append(f"\n{m}", style=LEVEL_STYLE[lvl])
+    if len(others) > most - 1:
+        t.append(f"  (+{len(others) - most + 1} more: eagle3-top --once)", style=DIM)
     return t
 
 
@@ -341,8 +343,24 @@ def disk(rows: list[Row], now: float) -> Text:
     return t
 
 
-def gpu_lines(g: GpuInfo, now: float, old: bool = False) -> Text:
-    """Two lines for one device: the readings, then its health (ECC, XID, throttling)."""
+def _pack(items: list[tuple[str, str]], width: int, indent: int) -> Text:
+    """``(words, style)`` items joined by `` · `` and wrapped at ``width`` (whole items)."""
+    t = Text()
+    col = indent
+    t.append(" " * indent)
+    for k, (words, style) in enumerate(items):
+        sep = " · " if k else ""
+        if k and col + len(sep) + len(words) > width:
+            t.append("\n" + " " * indent)
+            col, sep = indent, ""
+        t.append(sep, style=DIM)
+        t.append(words, style=style)
+        col += len(sep) + len(words)
+    return t
+
+
+def gpu_lines(g: GpuInfo, now: float, old: bool = False, width: int = 46) -> Text:
+    """One device: its readings, then its health (ECC, XID, throttling) wrapped to ``width``."""
     t = Text()
     mem = g.mem_used_bytes / g.mem_total_bytes if g.mem_total_bytes else 0.0
     t.append(f"gpu{g.index} ", style="bold")
@@ -354,38 +372,53 @@ def gpu_lines(g: GpuInfo, now: float, old: bool = False) -> Text:
     t.append(f"{g.temperature_c:.0f}C ", style=BAD if hot and not old else "")
     limit = f"/{g.power_limit_w:.0f}" if g.power_limit_w else ""
     t.append(f"{g.power_w:.0f}{limit} W", style="" if mem < 0.95 or old else WARN)
-    if g.name:
+    if g.name and len(t) + 2 + len(g.name) <= width:
         t.append(f"  {g.name}", style=DIM)
-    t.append("\n     ")
-    t.append(
-        f"ECC {g.ecc_errors} uncorrected, {g.ecc_corrected} corrected",
-        style=BAD if g.ecc_errors and not old else DIM,
-    )
+    items = [
+        (
+            f"ECC {g.ecc_errors} uncorrected, {g.ecc_corrected} corrected",
+            BAD if g.ecc_errors and not old else DIM,
+        )
+    ]
     if g.xid_errors:
         ago = now - g.last_xid_ts if g.last_xid_ts else None
         recent = ago is not None and ago <= XID_CRITICAL_S
-        t.append(f" · XID {g.last_xid} {fmt.age(ago)}", style=BAD if recent and not old else WARN)
-        if g.xid_errors > 1:
-            t.append(f" ({g.xid_errors} in all)", style=DIM)
+        more = f" ({g.xid_errors} in all)" if g.xid_errors > 1 else ""
+        items.append(
+            (f"XID {g.last_xid} {fmt.age(ago)}{more}", BAD if recent and not old else WARN)
+        )
     else:
-        t.append(" · no XID", style=DIM)
+        items.append(("no XID", DIM))
     if g.throttle:
         hw = any(x in HW_THROTTLE for x in g.throttle)
-        t.append(f" · throttle: {', '.join(g.throttle)}", style=BAD if hw and not old else WARN)
+        items.append((f"throttle: {', '.join(g.throttle)}", BAD if hw and not old else WARN))
+    t.append("\n")
+    t.append_text(_pack(items, width, 5))
     return t
 
 
-def gpus(rows: list[Row], now: float) -> Text:
+def _wrapped(words: str, width: int, indent: int = 2, start: int = 0) -> str:
+    """``words`` wrapped at ``width`` when the first line starts at column ``start``, later
+    lines indented by ``indent`` (a note or a reason must never be cut)."""
+    import textwrap
+
+    lines = textwrap.wrap(
+        words, max(width, 20), initial_indent=" " * start, subsequent_indent=" " * indent
+    )
+    return "\n".join(lines or [""])[start:]
+
+
+def gpus(rows: list[Row], now: float, width: int = 46) -> Text:
     t = Text()
     for r, stats in _host_stats(rows):
         host = f"@{r.host} " if len({x.host for x in rows}) > 1 else ""
         old = _last_seen(t, r, now)
         if not stats.gpus:
-            t.append(f"{host}{stats.gpu_note or 'no GPU'}\n", style=DIM)
+            t.append(_wrapped(f"{host}{stats.gpu_note or 'no GPU'}", width) + "\n", style=DIM)
         for g in stats.gpus:
             if host:
                 t.append(host, style=DIM)
-            t.append_text(gpu_lines(g, now, old))
+            t.append_text(gpu_lines(g, now, old, width))
             t.append("\n")
     t.rstrip()
     if not t:
@@ -393,7 +426,7 @@ def gpus(rows: list[Row], now: float) -> Text:
     return t
 
 
-def _producer_state(t: Text, r: Row, h: Health, now: float) -> None:
+def _producer_state(t: Text, r: Row, h: Health, now: float, width: int = 62) -> None:
     """The producer's state as the verdict sees it (loading, waiting, down, up)."""
     s = r.state
     assert s is not None
@@ -401,7 +434,8 @@ def _producer_state(t: Text, r: Row, h: Health, now: float) -> None:
     name = (p.name if p and p.name else "") or (s.job.backend if s.job else "producer")
     t.append(f"{name} ", style="bold")
     if h.state in ("starting", "loading", "waiting", "producer_down"):
-        t.append(h.reason, style=LEVEL_STYLE[h.level] if h.level != OK else WARN)
+        style = LEVEL_STYLE[h.level] if h.level != OK else WARN
+        t.append(_wrapped(h.reason, width, start=len(name) + 1), style=style)
         return
     if r.gone():
         t.append("was " + ("up" if p is not None and p.up else "down"), style=DIM)
@@ -432,7 +466,7 @@ def producer(rows: list[Row], now: float, report: Report | None = None, width: i
         if s.stats is None and h.state not in ("starting", "loading", "waiting"):
             t.append("producer: no stats yet", style=DIM)
         else:
-            _producer_state(t, r, h, now)
+            _producer_state(t, r, h, now, width)
         p = s.stats.producer if s.stats else None
         if compact:
             if s.stats and not r.gone():
@@ -486,11 +520,11 @@ def errors(rows: list[Row], now: float, limit: int = 12, tz_offset_s: float | No
 def fleet(rows: list[Row], now: float, width: int = 116, report: Report | None = None) -> Text:
     """One line per shard/host plus totals (shown when there is more than one row)."""
     report = report or verdict(rows, now)
-    name_w = max(min(28, width - 76), 12)
+    name_w = max(min(28, width - 78), 12)
     t = Text()
     head = (
         f"{'shard':{name_w}}{'state':14}{'saved':>10}{'total':>10}{'%':>7}"
-        f"{'samples/s':>10}{'ETA':>9}  conn"
+        f"{'samples/s':>10}{'ETA':>11}  conn"
     )
     t.append(head, style="bold")
     for (r, h), level in zip(report.health, report.levels, strict=True):
@@ -501,7 +535,7 @@ def fleet(rows: list[Row], now: float, width: int = 116, report: Report | None =
         t.append(f"{fmt.count(v.saved):>10}{total:>10}{v.percent:6.1f}%")
         t.append(f"{v.rate_eta.samples_s:10.2f}")
         eta = fmt.duration(v.eta_s) + ("*" if v.eta_frozen else "")
-        t.append(f"{eta:>9}  ")
+        t.append(f"{eta:>11}  ")
         conn, style = connection_text(r, now)
         t.append(conn.split(":")[0][:24], style=style)
     v = totals(rows, now)
@@ -510,7 +544,7 @@ def fleet(rows: list[Row], now: float, width: int = 116, report: Report | None =
     t.append(f"{report.state.replace('_', ' '):14}", style=LEVEL_STYLE[report.exit_code])
     t.append(f"{fmt.count(v.saved):>10}{total:>10}{v.percent:6.1f}%{v.rate_eta.samples_s:10.2f}")
     eta = fmt.duration(v.eta_s) + ("*" if v.eta_frozen else "")
-    t.append(f"{eta:>9}", style="bold")
+    t.append(f"{eta:>11}", style="bold")
     if any(x.eta_frozen for x in (r.view(now) for r in rows)):
         t.append("  * frozen (work stopped)", style=DIM)
     return t

@@ -83,8 +83,8 @@ class Report:
     health: list[tuple[Row, Health]] = field(default_factory=list)
     #: Each shard's level once the checks are added (the health's, or worse).
     levels: list[int] = field(default_factory=list)
-    #: Each shard's findings as (level, words without the shard's name or state).
-    findings: list[list[tuple[int, str]]] = field(default_factory=list)
+    #: Each shard's findings: (level, words without the shard's name or state, message).
+    findings: list[list[tuple[int, str, str]]] = field(default_factory=list)
 
     @classmethod
     def judge(cls, rows: list[Row], now: float) -> Report:
@@ -105,12 +105,13 @@ class Report:
         self.health.append((row, h))
         who = f"{row.label}: " if prefix else ""
         level = h.level
-        found = [(h.level, h.reason)]
+        message = f"{who}{h.state.replace('_', ' ')}: {h.reason}"
+        found = [(h.level, h.reason, message)]
         if h.level != OK or h.state == "unknown":
-            self._say(h.level, f"{who}{h.state.replace('_', ' ')}: {h.reason}")
+            self._say(h.level, message)
         for lvl, text in self._checks(row, h, now):
             self._say(lvl, f"{who}{text}")
-            found.append((lvl, text))
+            found.append((lvl, text, f"{who}{text}"))
             level = min(level, lvl, key=SEVERITY.index)
         if level == OK:
             self.ok.append(f"{who}{h.state}")
@@ -186,6 +187,13 @@ class Report:
         k = self._top()
         return self.health[k][1].state if k is not None else "unknown"
 
+    def _top_finding(self) -> tuple[int, str, str] | None:
+        k = self._top()
+        if k is None:
+            return None
+        level = self.levels[k]
+        return next((f for f in self.findings[k] if f[0] == level and f[1]), None)
+
     @property
     def reason(self) -> str:
         """Why, in words that follow the state: the deciding shard's most severe finding
@@ -193,10 +201,27 @@ class Report:
         k = self._top()
         if k is None:
             return self.unknown[0] if self.unknown else ""
-        level = self.levels[k]
-        text = next((t for lvl, t in self.findings[k] if lvl == level and t), "")
+        top = self._top_finding()
+        if top is None:
+            return ""
         row = self.health[k][0]
-        return f"{row.label}: {text}" if text and len(self.health) > 1 else text
+        return f"{row.label}: {top[1]}" if len(self.health) > 1 else top[1]
+
+    @property
+    def others(self) -> list[tuple[int, str]]:
+        """The messages besides the one :attr:`reason` tells, most severe first, with levels."""
+        top = self._top_finding()
+        skip = top[2] if top is not None else None
+        return [
+            (lvl, m)
+            for lvl, msgs in (
+                (CRITICAL, self.critical),
+                (WARNING, self.warnings),
+                (UNKNOWN, self.unknown),
+            )
+            for m in msgs
+            if m != skip
+        ]
 
     @property
     def messages(self) -> list[str]:
