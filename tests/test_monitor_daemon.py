@@ -144,11 +144,11 @@ async def test_a_paused_run_shows_paused_its_reason_and_a_frozen_eta(
             assert " PAUSED  CRITICAL " in header, header
             assert line.startswith(f"disk full writing to {out}"), line
             frozen = _eta(pipe)
-            assert f"frozen: paused: disk full writing to {out}" in pipe
+            assert "  frozen: paused" in pipe
             doc, rc = await once(out)
             assert (doc["state"], doc["level"], rc) == ("paused", "CRITICAL", 2), doc
             assert line.startswith(doc["reason"]) and doc["finish_ts"] is None
-            assert doc["eta_frozen"].startswith("paused: disk full")
+            assert doc["eta_frozen"] == "paused"
             assert fmt.duration(doc["eta_s"]) == frozen
             await pilot.pause(3.0)  # the clock moves on; a frozen ETA does not
             app.tick()

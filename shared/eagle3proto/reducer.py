@@ -371,8 +371,9 @@ class View(msgspec.Struct, kw_only=True):
 
     ``percent`` is saved over total: a failed sample is done but is not progress.
     ``eta_s`` comes from ``rate_eta`` (since the producer came up, over ``eta_window_s``);
-    ``eta_frozen`` says why the ETA is frozen (paused, stopped, producer or daemon down):
-    it is then the ETA when work stopped, and does not count down.
+    ``eta_frozen`` says why the ETA is frozen (``paused``, ``stopped``, ``stopping``,
+    ``producer down``, ``daemon down``): it is then the ETA when work stopped, and does not
+    count down.
     """
 
     label: str = ""
@@ -408,7 +409,7 @@ class View(msgspec.Struct, kw_only=True):
 def frozen_at(s: ShardState) -> tuple[float, str] | None:
     """When and why the work of ``s`` stopped (so its ETA no longer counts down), or None."""
     if s.state == "paused":
-        return s.state_since, f"paused: {s.state_reason}" if s.state_reason else "paused"
+        return s.state_since, "paused"
     if s.state == "stopped":
         return s.state_since, "stopped"
     if s.state == "draining":

@@ -273,7 +273,7 @@ class Eagle3Top(App[int]):
         if self._panel("fleet") is None:
             return  # closing
         full, left, right = self._widths()
-        self._set("verdict", panels.verdict_line(report, rows, now))
+        self._set("verdict", panels.verdict_line(report, rows, now, width=full + 2))
         if len(rows) > 1:
             self._set("fleet", panels.fleet(rows, now, full, report))
         self._set("conn", panels.connection(rows, now))

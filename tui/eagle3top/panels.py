@@ -91,7 +91,9 @@ def header(
     return t
 
 
-def verdict_line(report: Report, rows: list[Row], now: float, most: int = 3) -> Text:
+def verdict_line(
+    report: Report, rows: list[Row], now: float, most: int = 3, width: int = 116
+) -> Text:
     """The reason under the header in the level's colour, then up to ``most - 1`` more of
     the report's messages (each in its own level's colour), then how many are left out."""
     style = LEVEL_STYLE[report.exit_code]
@@ -105,7 +107,11 @@ def verdict_line(report: Report, rows: list[Row], now: float, most: int = 3) -> 
                 reason = "all samples done"
         else:
             reason = report.state.replace("_", " ")
-    t.append(reason, style=style if report.exit_code != OK else "")
+    # A long reason (an OS error message) wraps once rather than being cut.
+    first = _wrapped(reason, width - 1, start=0).split("\n")
+    cut = "…" if len(first) > 2 else ""
+    t.append("\n".join(first[:2]) + cut, style=style if report.exit_code != OK else "")
+    most -= len(first[:2]) - 1
     others = report.others
     for lvl, m in others[: most - 1]:
         t.append(f"\n{m}", style=LEVEL_STYLE[lvl])
