@@ -167,7 +167,9 @@ def test_policy_threshold_argument_and_env():
 
 
 def test_format_status_running():
-    v = View(state="running", total=37312, saved=18420, rate_eta=Rates(samples_s=1.1), eta_s=17280.0)
+    v = View(
+        state="running", total=37312, saved=18420, rate_eta=Rates(samples_s=1.1), eta_s=17280.0
+    )
     assert format_status(v) == "saved 18,420/37,312 · 1.1 samples/s · ETA 4 h 48 m"
 
 
