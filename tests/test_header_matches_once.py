@@ -17,7 +17,16 @@ from eagle3proto import paths
 from eagle3proto.journal import list_segments
 from eagle3top.app import Eagle3Top, build_feeds
 from eagle3top.cli import build_parser
-from monitor_helpers import event_source, hold_lock, run_events, stats, top, wait_for, write_journal
+from monitor_helpers import (
+    event_source,
+    hold_lock,
+    run_events,
+    shown_reason,
+    stats,
+    top,
+    wait_for,
+    write_journal,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -157,9 +166,6 @@ async def test_header_states_the_once_verdict(tmp_path, name: str) -> None:
     word = state.replace("_", " ").upper()
     assert f" {word}  {level} " in header, (header, doc)
     if doc["reason"]:
-        # The reason is the first line and its indented continuation; other messages follow.
-        first, *rest = line.split("\n")
-        shown_reason = " ".join([first, *(r for r in rest if r.startswith("  "))])
-        want, got = _numbers_out(doc["reason"]), _numbers_out(shown_reason)
+        want, got = _numbers_out(doc["reason"]), _numbers_out(shown_reason(line))
         assert len(got) >= min(len(want), 100), (line, doc)  # whole, or cut after two lines
         assert want.startswith(got), (line, doc)

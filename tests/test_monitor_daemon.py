@@ -18,7 +18,7 @@ import runkit
 from eagle3top import fmt
 from eagle3top.app import Eagle3Top, build_feeds
 from eagle3top.cli import build_parser
-from monitor_helpers import top
+from monitor_helpers import shown_reason, top
 from textual.widgets import Static
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
@@ -79,7 +79,7 @@ async def test_a_slow_model_load_stays_healthy(tiny_model_dir: Path, tmp_path: P
             app.tick()
             header, line = shown(app, "header"), shown(app, "verdict")
             assert " LOADING  OK " in header, header
-            assert line.startswith(f"loading model {tiny_model_dir}"), line
+            assert shown_reason(line).startswith(f"loading model {tiny_model_dir}"), line
             assert shown(app, "conn").startswith("● live (socket)")  # the heartbeat: not STALE
             assert "ETA —" in shown(app, "pipeline")
             assert "loading model" in shown(app, "producer")
@@ -142,12 +142,12 @@ async def test_a_paused_run_shows_paused_its_reason_and_a_frozen_eta(
             app.tick()
             header, line, pipe = shown(app, "header"), shown(app, "verdict"), shown(app, "pipeline")
             assert " PAUSED  CRITICAL " in header, header
-            assert line.startswith(f"disk full writing to {out}"), line
+            assert shown_reason(line).startswith(f"disk full writing to {out}"), line
             frozen = _eta(pipe)
             assert "  frozen: paused" in pipe
             doc, rc = await once(out)
             assert (doc["state"], doc["level"], rc) == ("paused", "CRITICAL", 2), doc
-            assert line.startswith(doc["reason"]) and doc["finish_ts"] is None
+            assert shown_reason(line) == doc["reason"] and doc["finish_ts"] is None
             assert doc["eta_frozen"] == "paused"
             assert fmt.duration(doc["eta_s"]) == frozen
             await pilot.pause(3.0)  # the clock moves on; a frozen ETA does not

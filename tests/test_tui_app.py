@@ -11,7 +11,7 @@ import time
 import pytest
 from eagle3proto import events as ev
 from eagle3proto import reducer
-from eagle3top import panels
+from eagle3top import hostpanels, panels
 from eagle3top.app import Eagle3Top, HelpScreen
 from eagle3top.feeds import Feed, LocalFeed, StreamFeed, backoff
 from eagle3top.model import Row
@@ -182,7 +182,7 @@ def test_producer_detail_is_in_words_wrapped_to_the_panel() -> None:
         "dtype": "float32",
         "inflight": 128.0,
     }
-    text = panels.producer([row], T0).plain
+    text = hostpanels.producer([row], T0).plain
     detail = text.splitlines()[1:3]
     assert detail == [
         "workers 2 · threads per worker 1 · device cpu · dtype float32",

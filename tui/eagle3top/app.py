@@ -28,7 +28,7 @@ from textual.screen import ModalScreen
 from textual.timer import Timer
 from textual.widgets import Footer, Static
 
-from . import panels
+from . import hostpanels, panels
 from .feeds import Feed, ShardWatch
 from .model import Row
 
@@ -282,9 +282,9 @@ class Eagle3Top(App[int]):
         tall = self.size.height >= TALL_AT
         span = 900 if tall else panels.SPARK_SECONDS
         self._set("throughput", panels.throughput(rows, now, left, span))
-        self._set("disk", panels.disk(rows, now))
-        self._set("producer", panels.producer(rows, now, report, left))
-        self._set("gpus", panels.gpus(rows, now, right))
+        self._set("disk", hostpanels.disk(rows, now))
+        self._set("producer", hostpanels.producer(rows, now, report, left))
+        self._set("gpus", hostpanels.gpus(rows, now, right))
         if tall:
             self._set("history", panels.history(rows, now, full))
         errs = self._panel("errors")

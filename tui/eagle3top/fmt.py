@@ -7,6 +7,7 @@ and the tests agree on "3 h 10 m", "1.2 GB" and whether the disk fits.
 from __future__ import annotations
 
 import math
+import textwrap
 import time
 from dataclasses import dataclass
 
@@ -169,3 +170,12 @@ def find_disk(stats: ev.Stats | None, label: str) -> ev.DiskUsage | None:
     if stats is None:
         return None
     return next((d for d in stats.disk if d.label == label), None)
+
+
+def wrap(words: str, width: int, indent: int = 2, start: int = 0) -> str:
+    """``words`` wrapped at ``width`` when the first line starts at column ``start``, later
+    lines indented by ``indent`` (a note or a reason must never be cut)."""
+    lines = textwrap.wrap(
+        words, max(width, 20), initial_indent=" " * start, subsequent_indent=" " * indent
+    )
+    return "\n".join(lines or [""])[start:]
