@@ -144,7 +144,7 @@ class ProgressLine:
                 self._live.start()
             self._live.update(self._render(s, now), refresh=True)
             return
-        key = (s.state, s.producer)
+        key = ("starting" if s.state == "empty" else s.state, s.producer)
         if key != self._last_key or now - self._last_at >= self.every:
             self._last_key, self._last_at = key, now
             self.emit(describe(s, now))
