@@ -16,7 +16,7 @@ from eagle3proto import events as ev
 from eagle3proto import paths
 from eagle3top import once, prometheus
 from eagle3top.model import Row
-from monitor_helpers import EAGLE3_TOP, hold_lock, run_events, stats, top, write_journal
+from monitor_helpers import EAGLE3_TOP, PY, hold_lock, run_events, stats, top, write_journal
 from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.timeout(180)
@@ -212,3 +212,19 @@ def test_systemd_timer_and_service_are_shipped_and_valid() -> None:
     # ExecStart names /opt/eagle3d (absent here): only that complaint is allowed.
     lines = [ln for ln in p.stderr.splitlines() if ln.strip() and "/opt/eagle3d" not in ln]
     assert not lines, p.stderr
+
+
+def test_prometheus_and_textfile_stay_light(tmp_path: Path) -> None:
+    """Like --once: a cron job or a timer pays for no Textual, Rich or torch import."""
+    t0 = time.time() - 100
+    write_journal(str(tmp_path), [*run_events(t0, 2, 2), ev.RunFinished(ts=t0 + 3, saved=2)])
+    prom = str(tmp_path / "m.prom")
+    code = (
+        "import sys; from eagle3top.cli import main; rc = main(['--once', '--format', "
+        f"'prometheus', '--textfile', {prom!r}, '--output', {str(tmp_path)!r}]); "
+        "heavy = sorted(m for m in ('textual', 'torch', 'rich', 'sglang') if m in sys.modules); "
+        "print('HEAVY', heavy, file=sys.stderr); sys.exit(rc)"
+    )
+    p = subprocess.run([PY, "-c", code], capture_output=True, text=True, check=False)
+    assert "HEAVY []" in p.stderr and p.returncode == 0, p.stderr
+    assert p.stdout == Path(prom).read_text()  # what it prints is what it wrote

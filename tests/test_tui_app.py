@@ -420,9 +420,9 @@ async def test_fleet_of_remote_hosts_over_fake_ssh(tmp_path, monkeypatch) -> Non
             end = time.monotonic() + 40
             while time.monotonic() < end:
                 a, b, c = (f.row for f in feeds)
-                if a.conn == "live" and a.state is not None and b.state is not None:
-                    if c.retry_at is not None:
-                        break
+                up = a.conn == "live" and a.state is not None
+                if up and b.state is not None and c.retry_at is not None:
+                    break
                 await pilot.pause(0.05)
             app.tick()
             fleet = text_of(app, "fleet")
