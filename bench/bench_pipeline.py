@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from eagle3d.producers.hf import model_weight_bytes, usable_cpus, visible_gpus, worker_layout
+from eagle3d.produce.hf_layout import model_weight_bytes, usable_cpus, visible_gpus, worker_layout
 from eagle3proto import events as ev
 from eagle3proto import paths
 from eagle3proto.journal import iter_events
@@ -45,7 +45,7 @@ WINDOW = 64
 
 
 def build_model(d: Path, layers: int = 8, hidden: int = 256) -> Path:
-    from eagle3d.tinymodel import build_tiny_model
+    from eagle3d.tools.tinymodel import build_tiny_model
 
     m = d / f"model-L{layers}-h{hidden}"
     if not (m / "config.json").exists():
@@ -67,8 +67,8 @@ def repeated(src: str, dst: Path, times: int) -> str:
 
 
 def encoded_samples(model: Path, dataset: str) -> list[list[int]]:
-    from eagle3d.chat import ChatEncoder
-    from eagle3d.dataset import BadSample, iter_lines, parse_line
+    from eagle3d.ingest.chat import ChatEncoder
+    from eagle3d.ingest.dataset import BadSample, iter_lines, parse_line
 
     enc = ChatEncoder.from_pretrained(str(model), max_length=2048)
     out = []
@@ -231,8 +231,9 @@ def load_for_bare(model: Path, device: str = "cpu", dtype: str = "float32") -> t
     """The model and the worker's capture hooks, as a worker loads them (its malloc
     settings included)."""
     import torch
-    from eagle3d.config import default_aux_layers
-    from eagle3d.producers.hf_worker import Capture, tune_malloc
+    from eagle3d.remote.dumpfile import default_aux_layers
+    from eagle3d.remote.hf_worker import Capture
+    from eagle3d.remote.hf_batching import tune_malloc
     from transformers import AutoModelForCausalLM
 
     tune_malloc()
@@ -248,7 +249,7 @@ def bare_loop(m: Any, cap: Any, samples: list[list[int]], device: str = "cpu") -
     On CUDA the states stay on the device (no copy to the host): the loop is the GPU's own pace.
     """
     import torch
-    from eagle3d.producers.hf_worker import batch_budget, next_batch
+    from eagle3d.remote.hf_batching import batch_budget, next_batch
 
     tokens = 0
     # The daemon's window with the worker's own batch rule, refilled in dataset order as
@@ -337,7 +338,8 @@ def _bare_part(argv: list[str]) -> int:
 def story_save(dump_dir: Path, rid: str, target: Path) -> None:
     """The serial script's tail: wait for the dump, load it, ``torch.save`` it, delete it."""
     import torch
-    from eagle3d.dump import dump_path, read_dump
+    from eagle3d.remote.dumpfile import dump_path
+    from eagle3d.dumps.format import read_dump
 
     path = dump_path(str(dump_dir), rid)
     while not os.path.exists(path):
@@ -363,7 +365,7 @@ def serial_client(model: Path, samples: list[list[int]], out: Path) -> float:
 
     dump_dir = out / "serial-dumps"
     dump_dir.mkdir(parents=True)
-    cmd = [sys.executable, "-m", "eagle3d.producers.hf_worker", "--model", str(model)]
+    cmd = [sys.executable, "-m", "eagle3d.remote.hf_worker", "--model", str(model)]
     cmd += ["--dump-dir", str(dump_dir), "--batch-tokens", str(BATCH_TOKENS)]
     w = subprocess.Popen(cmd, env=ENV, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert w.stdin is not None and w.stdout is not None
@@ -394,10 +396,10 @@ def serial_synthetic(model: Path, data: str, out: Path, latency: float, n: int) 
     """The seed story's loop against the GPU-like synthetic producer (same knobs)."""
     import asyncio
 
-    from eagle3d.chat import ChatEncoder
-    from eagle3d.dataset import iter_lines, parse_line
-    from eagle3d.producers.base import Request
-    from eagle3d.producers.synthetic import SyntheticProducer
+    from eagle3d.ingest.chat import ChatEncoder
+    from eagle3d.ingest.dataset import iter_lines, parse_line
+    from eagle3d.core.sample import Request
+    from eagle3d.produce.synthetic import SyntheticProducer
 
     cfg = json.loads((model / "config.json").read_text())
     n_layers = cfg["num_hidden_layers"]

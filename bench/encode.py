@@ -43,9 +43,9 @@ def best_of(fn: Any, n: int = 3) -> float:
 
 
 def bench_encode(model_dir: str, repeat: int) -> dict[str, Any]:
-    from eagle3d.chat import ChatEncoder
-    from eagle3d.dataset import Conversation, iter_samples
-    from eagle3d.tinymodel import CHAT_TEMPLATE
+    from eagle3d.ingest.chat import ChatEncoder
+    from eagle3d.ingest.dataset import Conversation, iter_samples
+    from eagle3d.tools.tinymodel import CHAT_TEMPLATE
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
@@ -87,7 +87,7 @@ def bench_encode(model_dir: str, repeat: int) -> dict[str, Any]:
 
 
 def bench_parse(lines: int) -> dict[str, Any]:
-    from eagle3d.dataset import count_lines, iter_samples
+    from eagle3d.ingest.dataset import count_lines, iter_samples
 
     demo = DEMO.read_bytes().splitlines(keepends=True)
     with tempfile.TemporaryDirectory() as d:
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
 
-    from eagle3d.tinymodel import build_tiny_model
+    from eagle3d.tools.tinymodel import build_tiny_model
 
     with tempfile.TemporaryDirectory() as d:
         model = build_tiny_model(Path(d) / "tiny")

@@ -26,8 +26,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
 import sglang_standin as st  # noqa: E402
-from eagle3d import sglang_hook as sh  # noqa: E402
-from eagle3d.tinymodel import build_tiny_model  # noqa: E402
+from eagle3d.remote import sglang_hook as sh  # noqa: E402
+from eagle3d.remote import sglang_rid as sr
+from eagle3d.tools.tinymodel import build_tiny_model  # noqa: E402
 
 
 def main() -> None:
@@ -60,7 +61,7 @@ def main() -> None:
         hooked.model.register_forward_hook(timed)
 
         def forward(model: st.LlamaForCausalLM, k: int) -> float:
-            items = [(sh.sglang_rid(f"f{k}-r{j}", ids), ids, 0) for j, ids in enumerate(reqs)]
+            items = [(sr.sglang_rid(f"f{k}-r{j}", ids), ids, 0) for j, ids in enumerate(reqs)]
             fb = st.make_batch(items, {})
             t = time.perf_counter()
             model(fb.input_ids, fb.positions, fb)

@@ -50,7 +50,7 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 async def _concurrent(url: str, samples: list[list[int]], concurrency: int, tagged: bool) -> None:
     import httpx
-    from eagle3d.sglang_hook import sglang_rid
+    from eagle3d.remote.sglang_rid import sglang_rid
 
     sem = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=concurrency + 4)
@@ -73,7 +73,7 @@ async def _concurrent(url: str, samples: list[list[int]], concurrency: int, tagg
 def _serial(url: str, samples: list[list[int]], dump_dir: Path, out: Path) -> None:
     import httpx
     from bench_pipeline import story_save
-    from eagle3d.sglang_hook import sglang_rid
+    from eagle3d.remote.sglang_rid import sglang_rid
 
     out.mkdir(parents=True, exist_ok=True)
     with httpx.Client(base_url=url, timeout=600) as c:
@@ -172,8 +172,8 @@ def main() -> None:
 
     import sglang_real as sr
     from bench_pipeline import DEMO, build_model
-    from eagle3d.chat import ChatEncoder
-    from eagle3d.dataset import BadSample, iter_lines, parse_line
+    from eagle3d.ingest.chat import ChatEncoder
+    from eagle3d.ingest.dataset import BadSample, iter_lines, parse_line
 
     work = Path(tempfile.mkdtemp(prefix="e3d-bench-sglang-"))
     shm = Path(tempfile.mkdtemp(prefix="e3d-bench-sglang-", dir="/dev/shm"))

@@ -43,9 +43,9 @@ def main() -> int:
     a = p.parse_args()
 
     import torch
-    from eagle3d import storedtype
-    from eagle3d.commit import Committed, Committer
-    from eagle3d.dump import write_dump
+    from eagle3d.remote import storedtype
+    from eagle3d.store.committer import Committed, Committer
+    from eagle3d.remote.dumpfile import write_dump
 
     torch.set_num_threads(1)
     bf16 = storedtype.FORMATS["bfloat16"]

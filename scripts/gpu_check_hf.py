@@ -65,8 +65,8 @@ def screenshot(output: Path, results: Path) -> str:
 def compare_with_cpu(model: Path, dataset: str, output: Path, n: int) -> dict[str, Any]:
     """Every one of the first ``n`` samples against an fp32 forward on the CPU."""
     import torch
-    from eagle3d.chat import ChatEncoder
-    from eagle3d.dataset import BadSample, iter_lines, parse_line
+    from eagle3d.ingest.chat import ChatEncoder
+    from eagle3d.ingest.dataset import BadSample, iter_lines, parse_line
     from eagle3proto import paths
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
@@ -143,7 +143,7 @@ def main() -> int:
     log(f"env {res['env']}")
     save()
 
-    from eagle3d.tinymodel import build_tiny_model
+    from eagle3d.tools.tinymodel import build_tiny_model
 
     model = work / "model-L8-h256"
     if not (model / "config.json").exists():

@@ -11,7 +11,7 @@ import pytest
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real tiny Llama + tokenizer + chat template (defaults of ``eagle3d tiny-model``)."""
-    from eagle3d.tinymodel import build_tiny_model
+    from eagle3d.tools.tinymodel import build_tiny_model
 
     return Path(build_tiny_model(tmp_path_factory.mktemp("tiny-model")))
 

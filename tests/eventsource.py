@@ -18,8 +18,8 @@ import signal
 import socket
 import sys
 
-from eagle3d.server import EventServer
-from eagle3d.telemetry import Telemetry
+from eagle3d.serve.server import EventServer
+from eagle3d.serve.telemetry import Telemetry
 from eagle3proto import events as ev
 from eagle3proto import paths, reducer
 from eagle3proto.journal import JournalWriter

@@ -129,10 +129,11 @@ def power_loss(log_path: str) -> Loss:
 
 def launch(log_path: str, argv: list[str]) -> int:
     """Run ``eagle3d`` in this process with the forgetful layer under the journal."""
-    from eagle3d import cli, runner
+    from eagle3d import cli
+    from eagle3d.run import daemon, recorder
 
     notes = ForgetfulFileOps(log_path)  # the same O_APPEND log, for "published" lines
-    base: Any = runner._FaultFileOps
+    base: Any = recorder.FaultFileOps
 
     if issubclass(base, OsFileOps):
         # The kill points subclass OsFileOps: slot the forgetful layer in beneath them.
@@ -146,7 +147,7 @@ def launch(log_path: str, argv: list[str]) -> int:
             def __init__(self) -> None:
                 self._os = ForgetfulFileOps(log_path)
 
-    runner._FaultFileOps = FaultForgetful
+    recorder.FaultFileOps = FaultForgetful  # type: ignore[misc]
     original = runner.Daemon._published
 
     def published(self: runner.Daemon, e: Any) -> None:

@@ -106,7 +106,7 @@ class Server:
         user = ["--model-path", str(model), "--port", str(self.port), "--dtype", dtype]
         user += CPU_ARGS + list(extra or [])
         if bare:
-            from eagle3d.sglang_launch import FIXED_ARGS
+            from eagle3d.tools.sglang_launch import FIXED_ARGS
 
             ours = sglang_args(dump_dir, model) if hook else list(FIXED_ARGS)
             ours = [a for a in ours if a not in drop_args]

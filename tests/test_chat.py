@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from eagle3d.chat import ChatEncoder
-from eagle3d.dataset import BadSample, Conversation, PreTokenized, Turn, iter_samples
+from eagle3d.ingest.chat import ChatEncoder
+from eagle3d.ingest.dataset import BadSample, Conversation, PreTokenized, Turn, iter_samples
 
 DEMO = Path(__file__).resolve().parent.parent / "daemon" / "eagle3d" / "data" / "demo.jsonl"
 

@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from eagle3d import commit
-from eagle3d.commit import CommitError, Committed, Committer, all_finite, file_checksum
-from eagle3d.dump import Dump
+from eagle3d.store import committer as commit
+from eagle3d.store.committer import CommitError, Committed, Committer
+from eagle3d.store.validate import all_finite
+from eagle3d.store.crc import file_checksum
+from eagle3d.dumps.format import Dump
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])

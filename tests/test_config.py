@@ -110,5 +110,5 @@ def test_shard_from_flag_then_slurm_then_torchrun() -> None:
 
 
 def test_default_aux_layers_follow_sglang() -> None:
-    assert config.default_aux_layers(61) == [2, 30, 58]  # DeepSeek-V3 / Kimi-K2.5
-    assert config.default_aux_layers(32) == [2, 16, 29]
+    assert default_aux_layers(61) == [2, 30, 58]  # DeepSeek-V3 / Kimi-K2.5
+    assert default_aux_layers(32) == [2, 16, 29]

@@ -6,7 +6,7 @@ import os
 import zlib
 
 import numpy as np
-from eagle3d import crc
+from eagle3d.store import crc
 
 
 def test_engine_is_isal_where_the_extra_is_installed() -> None:

@@ -9,9 +9,9 @@ import json
 from pathlib import Path
 
 import pytest
-from eagle3d import dataformats
-from eagle3d.dataformats import DatasetError
-from eagle3d.dataset import Conversation, PreTokenized
+from eagle3d.ingest import dataformats
+from eagle3d.ingest.dataformats import DatasetError
+from eagle3d.ingest.dataset import Conversation, PreTokenized
 
 CHAT = json.dumps(
     {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}

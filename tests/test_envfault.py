@@ -1,5 +1,5 @@
 """The pure judgements of :mod:`eagle3d.envfault` (whose fault a failure is, when a pause
-ends, how much the dump area holds), and :func:`eagle3d.job.finish_code`."""
+ends, how much the dump area holds), and :func:`eagle3d.resume.finish_code`."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import errno
 import os
 
 import pytest
-from eagle3d import envfault, job
-from eagle3d.envfault import DUMPS, OUTPUT, EnvFault
-from eagle3d.preflight import EXIT_FAILED, EXIT_OK
+from eagle3d.core import envfault
+from eagle3d.run import job
+from eagle3d.core.envfault import DUMPS, OUTPUT, EnvFault
+from eagle3d.exitcodes import EXIT_FAILED, EXIT_OK
 
 
 @pytest.mark.parametrize(
@@ -118,16 +119,16 @@ def test_dump_room() -> None:
 
 
 def test_finish_code_and_counts() -> None:
-    assert job.finish_code(0, 218, 218, 0.05) == EXIT_FAILED  # every sample failed
-    assert job.finish_code(0, 0, 0, 0.05) == EXIT_OK  # nothing to do
-    assert job.finish_code(297, 3, 300, 0.05) == EXIT_OK  # the demo: 1 %
-    assert job.finish_code(20, 3, 23, 0.05) == EXIT_FAILED  # 13 %
-    assert job.finish_code(20, 3, 23, 0.2) == EXIT_OK
-    assert job.finish_code(1, 1, 2, 1.0) == EXIT_OK
-    assert job.finish_code(0, 2, 2, 1.0) == EXIT_FAILED  # all failed, whatever the fraction
-    assert job.describe_counts(0, 218, 218) == "saved 0 / 218 (0 %), 218 failed"
-    assert job.describe_counts(297, 3, 300) == "saved 297 / 300 (99 %), 3 failed"
-    assert job.describe_counts(1, 0, 300) == "saved 1 / 300 (0.3 %), 0 failed"
+    assert resume.finish_code(0, 218, 218, 0.05) == EXIT_FAILED  # every sample failed
+    assert resume.finish_code(0, 0, 0, 0.05) == EXIT_OK  # nothing to do
+    assert resume.finish_code(297, 3, 300, 0.05) == EXIT_OK  # the demo: 1 %
+    assert resume.finish_code(20, 3, 23, 0.05) == EXIT_FAILED  # 13 %
+    assert resume.finish_code(20, 3, 23, 0.2) == EXIT_OK
+    assert resume.finish_code(1, 1, 2, 1.0) == EXIT_OK
+    assert resume.finish_code(0, 2, 2, 1.0) == EXIT_FAILED  # all failed, whatever the fraction
+    assert resume.describe_counts(0, 218, 218) == "saved 0 / 218 (0 %), 218 failed"
+    assert resume.describe_counts(297, 3, 300) == "saved 297 / 300 (99 %), 3 failed"
+    assert resume.describe_counts(1, 0, 300) == "saved 1 / 300 (0.3 %), 0 failed"
 
 
 def test_signal_names_are_parsed() -> None:

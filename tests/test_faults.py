@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from eagle3d import faults
+from eagle3d.remote import faults
 
 
 def test_specs_parse_into_faults() -> None:

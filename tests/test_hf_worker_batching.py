@@ -6,7 +6,8 @@ import random
 import threading
 import time
 
-from eagle3d.producers.hf_worker import MIN_FILL, Worker, batch_budget, next_batch
+from eagle3d.remote.hf_batching import MIN_FILL, batch_budget, next_batch
+from eagle3d.remote.hf_worker import Worker
 
 
 def padded(lengths: dict[str, int], batch: list[str]) -> int:

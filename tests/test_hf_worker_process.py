@@ -32,7 +32,7 @@ def _spawn(model: Path, dumps: Path, fault: str = "", **extra: str) -> subproces
     if fault:
         env["EAGLE3D_FAULT"] = fault
     return subprocess.Popen(
-        [sys.executable, "-m", "eagle3d.producers.hf_worker", "--model", str(model),
+        [sys.executable, "-m", "eagle3d.remote.hf_worker", "--model", str(model),
          "--dump-dir", str(dumps), "--batch-tokens", "256", "--aux-layers", "1,2,3"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
     )  # fmt: skip

@@ -42,7 +42,7 @@ needs_root = pytest.mark.skipif(not ROOT, reason="needs root (mount, setpriv)")
 def slow_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An 8-layer h256 model: batches take about a second here, so a signal or a fault
     lands while samples are in flight."""
-    from eagle3d.tinymodel import build_tiny_model
+    from eagle3d.tools.tinymodel import build_tiny_model
 
     return Path(build_tiny_model(tmp_path_factory.mktemp("slow-model"), layers=8, hidden=256))
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import runkit
-from eagle3d.runner import COMMIT_BATCH
+from eagle3d.run.commits import COMMIT_BATCH
 
 # (point, n): n is chosen so that the kill lands mid-run, after some samples are saved.
 POINTS = {

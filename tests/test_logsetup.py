@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from eagle3d.logsetup import setup_logging, stream_is_journal, syslog_priority
+from eagle3d.tools.logsetup import setup_logging, stream_is_journal, syslog_priority
 
 
 @pytest.fixture(autouse=True)

@@ -18,7 +18,7 @@ from importlib import resources
 from pathlib import Path
 
 import pytest
-from eagle3d.dataset import BadSample, parse_line
+from eagle3d.ingest.dataset import BadSample, parse_line
 
 
 class Listener:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import runkit
-from eagle3d.dump import Dump
+from eagle3d.dumps.format import Dump
 from eagle3proto import events as ev
 from eagle3proto.journal import JournalWriter, iter_events
 from powerloss import ForgetfulFileOps, power_loss
@@ -100,7 +100,7 @@ def _dump(idx: int, t: int, h: int = 8) -> Dump:
 
 def _job(jdir: str, out: str, ops: ForgetfulFileOps, n: int, acked: list[int]) -> None:
     """A job that commits ``n`` samples the daemon's way: file first, then the durable record."""
-    from eagle3d.commit import Committer
+    from eagle3d.store.committer import Committer
 
     committer = Committer(out)
     j = JournalWriter(jdir, fileops=ops, background=False, segment_bytes=2048)

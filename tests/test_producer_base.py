@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from eagle3d.producers.base import DUMP_GRACE_S, DumpGrace
+from eagle3d.produce.base import DUMP_GRACE_S, DumpGrace
 
 
 def test_a_written_dump_never_seen_is_late_once_after_the_grace() -> None:

@@ -36,7 +36,7 @@ def slow_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An 8-layer h256 model: one 8k-token batch takes about a second on this CPU, so a kill
     lands mid-batch however quiet the machine is (the 4-layer h64 model finishes a small job
     in under half a second)."""
-    from eagle3d.tinymodel import build_tiny_model
+    from eagle3d.tools.tinymodel import build_tiny_model
 
     return Path(build_tiny_model(tmp_path_factory.mktemp("slow-model"), layers=8, hidden=256))
 
@@ -157,7 +157,7 @@ def test_dumps_nobody_asked_for_are_removed_and_counted(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     import torch
-    from eagle3d.dump import write_dump
+    from eagle3d.remote.dumpfile import write_dump
 
     data, out = tmp_path / "data.jsonl", tmp_path / "out"
     dumps = Path(f"{out}.dumps")

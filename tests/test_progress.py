@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import io
 
-from eagle3d.progress import ProgressLine, describe
+from eagle3d.serve.progress import ProgressLine, describe
 from eagle3proto import events as ev
 from eagle3proto import reducer
 

@@ -9,7 +9,7 @@ import stat
 import struct
 
 import pytest
-from eagle3d.server import EventServer, SocketInUse, read_journal_frames
+from eagle3d.serve.server import EventServer, SocketInUse, read_journal_frames
 from eagle3proto import events as ev
 from eagle3proto import reducer, wire
 from eagle3proto.journal import JournalWriter

@@ -36,9 +36,11 @@ import torch  # noqa: E402
 sys.path.insert(0, os.path.dirname(__file__))
 
 import sglang_standin as st  # noqa: E402
-from eagle3d import sglang_hook as sh  # noqa: E402
-from eagle3d.dump import read_dump  # noqa: E402
-from eagle3d.sglang_launch import CONFLICTS, FIXED_ARGS, HEALTH_ENV, extra_args  # noqa: E402
+from eagle3d.remote import sglang_hook as sh  # noqa: E402
+from eagle3d.remote import sglang_rid as sr
+from eagle3d.remote import sglang_checks as sc
+from eagle3d.dumps.format import read_dump  # noqa: E402
+from eagle3d.tools.sglang_launch import CONFLICTS, FIXED_ARGS, HEALTH_ENV, extra_args  # noqa: E402
 
 MATRIX = ("0.5.21", "0.5.22", "0.5.23")
 VERSION = os.environ.get("EAGLE3D_SGLANG_VERSION", "0.5.21")
@@ -144,7 +146,7 @@ def test_the_hooks_api_is_the_shape_the_hook_expects() -> None:
     """What the hook checks at load (and refuses with a message naming the version)."""
     from sglang.srt.model_executor import hook_manager
 
-    assert sh.hooks_api_problem(hook_manager.register_forward_hooks) is None
+    assert sc.hooks_api_problem(hook_manager.register_forward_hooks) is None
     # registered after CUDA-graph capture, from the observability config
     setup = (SRC / "model_executor" / "model_runner_components" / "cuda_graph_setup.py").read_text()
     assert "register_forward_hooks(model_runner.model, get_observability().forward_hooks)" in setup
@@ -165,7 +167,7 @@ def test_real_hook_manager_installs_the_hook_and_dumps_equal_hf(
         (f"s{k}", torch.randint(3, 900, (n,), generator=g).tolist())
         for k, n in enumerate([7, 3, 19])
     ]
-    st.Scheduler(model, chunk=8).run([(sh.sglang_rid(r, ids), ids) for r, ids in reqs])
+    st.Scheduler(model, chunk=8).run([(sr.sglang_rid(r, ids), ids) for r, ids in reqs])
     cap.writer.drain()  # type: ignore[union-attr]
     for rid, ids in reqs:
         d = read_dump(str(tmp_path / f"{rid}.e3dump"))
@@ -221,7 +223,7 @@ def test_forward_batch_fields_and_modes() -> None:
         for n in cls["ForwardBatch"].body
         if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
     }
-    missing = [f for f in sh.FORWARD_BATCH_FIELDS if f not in fields]
+    missing = [f for f in sc.FORWARD_BATCH_FIELDS if f not in fields]
     assert missing == [], f"ForwardBatch of sglang {VERSION} lacks {missing}"
     modes = {
         t.id

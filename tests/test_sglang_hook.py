@@ -20,8 +20,11 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 
 import sglang_standin as st
-from eagle3d import sglang_hook as sh
-from eagle3d.dump import read_dump, rid_of
+from eagle3d.remote import sglang_hook as sh
+from eagle3d.remote import sglang_rid as sr
+from eagle3d.remote import sglang_checks as sc
+from eagle3d.dumps.format import read_dump
+from eagle3d.remote.dumpfile import rid_of
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +66,7 @@ def prompts(n: int, lengths: list[int], seed: int = 0) -> list[tuple[str, list[i
 
 
 def send(reqs: list[tuple[str, list[int]]]) -> list[tuple[str, list[int]]]:
-    return [(sh.sglang_rid(rid, ids), ids) for rid, ids in reqs]
+    return [(sr.sglang_rid(rid, ids), ids) for rid, ids in reqs]
 
 
 def check_dumps(
@@ -87,13 +90,13 @@ def check_dumps(
 
 def test_rid_tie_round_trip_and_digest_is_blake2b_of_le_int64() -> None:
     ids = [1, 2, 70000, 5]
-    srid = sh.sglang_rid("s17-a2", ids, send=3)
-    tag = sh.parse_sglang_rid(srid)
+    srid = sr.sglang_rid("s17-a2", ids, send=3)
+    tag = sr.parse_sglang_rid(srid)
     assert tag == sh.Tag("s17-a2", 3, 4, tag.digest if tag else "")
     want = hashlib.blake2b(struct.pack("<4q", *ids), digest_size=8).hexdigest()
     assert tag is not None and tag.digest == want
-    assert sh.parse_sglang_rid(sh.sglang_rid("x.y", ids)).rid == "x.y"  # type: ignore[union-attr]
-    assert sh.ids_digest([1, 2, 3]) != sh.ids_digest([1, 2, 4])
+    assert sr.parse_sglang_rid(sr.sglang_rid("x.y", ids)).rid == "x.y"  # type: ignore[union-attr]
+    assert sr.ids_digest([1, 2, 3]) != sr.ids_digest([1, 2, 4])
 
 
 @pytest.mark.parametrize(
@@ -101,13 +104,13 @@ def test_rid_tie_round_trip_and_digest_is_blake2b_of_le_int64() -> None:
     ["HEALTH_CHECK_1f2e", "warmup", "e3d.1.4.short.x", "e3d.x.4.0123456789abcdef.r", None, 7],
 )
 def test_foreign_rids_are_not_ours(foreign: object) -> None:
-    assert sh.parse_sglang_rid(foreign) is None
+    assert sr.parse_sglang_rid(foreign) is None
 
 
 @pytest.mark.parametrize("bad", ["../etc", ".hidden", "a/b", "", "a b"])
 def test_unsafe_request_ids_refused(bad: str) -> None:
     with pytest.raises(ValueError):
-        sh.sglang_rid(bad, [1])
+        sr.sglang_rid(bad, [1])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -133,7 +136,7 @@ def test_packed_batch_of_different_lengths_equals_hf(models: Any, tmp_path: Path
 def test_eight_layers_default_2_4_5_equals_hf(
     tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
 ) -> None:
-    from eagle3d.tinymodel import build_tiny_model
+    from eagle3d.tools.tinymodel import build_tiny_model
 
     model, hf = st.load_standin(build_tiny_model(tmp_path_factory.mktemp("tiny8"), layers=8))
     cap = install(model, tmp_path)
@@ -198,7 +201,7 @@ def test_prefix_cache_hit_writes_no_dump(
 def test_ids_not_matching_the_rid_write_no_dump(models: Any, tmp_path: Path) -> None:
     model = fresh(models)
     cap = install(model, tmp_path)
-    srid = sh.sglang_rid("s1-a1", [5, 6, 7, 8])
+    srid = sr.sglang_rid("s1-a1", [5, 6, 7, 8])
     fb = st.make_batch([(srid, [5, 6, 7, 9], 0)], {})
     model(fb.input_ids, fb.positions, fb)
     cap.writer.drain()  # type: ignore[union-attr]
@@ -209,7 +212,7 @@ def test_decode_forwards_are_ignored(models: Any, tmp_path: Path) -> None:
     model = fresh(models)
     cap = install(model, tmp_path)
     ids = [5, 6, 7]
-    fb = st.make_batch([(sh.sglang_rid("s1-a1", ids), ids, 0)], {}, mode=st.ForwardMode.DECODE)
+    fb = st.make_batch([(sr.sglang_rid("s1-a1", ids), ids, 0)], {}, mode=st.ForwardMode.DECODE)
     model(fb.input_ids, fb.positions, fb)
     cap.writer.drain()  # type: ignore[union-attr]
     assert os.listdir(tmp_path) == [] and cap.forwards == 0
@@ -231,7 +234,7 @@ def test_inconsistent_forward_batch_fails_loudly(models: Any, tmp_path: Path) ->
     model = fresh(models)
     install(model, tmp_path)
     ids = [5, 6, 7]
-    fb = st.make_batch([(sh.sglang_rid("s1-a1", ids), ids, 0)], {})
+    fb = st.make_batch([(sr.sglang_rid("s1-a1", ids), ids, 0)], {})
     fb.extend_prefix_lens_cpu = [0, 0]
     with pytest.raises(sh.HookLoadError, match="1 rids, 1 extend lengths and 2 prefix lengths"):
         model(fb.input_ids, fb.positions, fb)
@@ -248,7 +251,7 @@ def test_only_tp_rank_zero_writes(models: Any, tmp_path: Path) -> None:
 
 
 def tagged(rid: str, ids: list[int]) -> sh.Tag:
-    tag = sh.parse_sglang_rid(sh.sglang_rid(rid, ids))
+    tag = sr.parse_sglang_rid(sr.sglang_rid(rid, ids))
     assert tag is not None
     return tag
 
@@ -273,7 +276,7 @@ def failing_write(fail: set[str], calls: list[str]) -> Any:
 
 
 def markers(d: Path) -> list[tuple[str, str] | None]:
-    return sorted(p for p in map(sh.parse_failure_marker, os.listdir(d)) if p)  # type: ignore[type-var]
+    return sorted(p for p in map(sr.parse_failure_marker, os.listdir(d)) if p)  # type: ignore[type-var]
 
 
 def test_one_failed_write_loses_only_its_own_dump(
@@ -355,16 +358,16 @@ def test_cached_tokens_without_chunks_blame_the_radix_cache_only_when_it_may_be_
 
 
 def test_failure_marker_names() -> None:
-    name = sh.failure_marker_name("run1-0-1-7-2", "ENOSPC")
+    name = sr.failure_marker_name("run1-0-1-7-2", "ENOSPC")
     assert name == ".run1-0-1-7-2.ENOSPC.e3fail" and rid_of(name) is None  # never a dump
-    assert sh.parse_failure_marker(name) == ("run1-0-1-7-2", "ENOSPC")
-    assert sh.parse_failure_marker(sh.failure_marker_name("a.b", "not-a-reason")) == (
+    assert sr.parse_failure_marker(name) == ("run1-0-1-7-2", "ENOSPC")
+    assert sr.parse_failure_marker(sr.failure_marker_name("a.b", "not-a-reason")) == (
         "a.b",
         "ERROR",
     )
     for other in ("x.e3dump", ".x.e3dump.tmp", ".x.e3fail", "..ENOSPC.e3fail"):
-        assert sh.parse_failure_marker(other) is None
-    assert sh.describe_error(OSError(errno.EROFS, "Read-only file system")) == (
+        assert sr.parse_failure_marker(other) is None
+    assert sr.describe_error(OSError(errno.EROFS, "Read-only file system")) == (
         "EROFS: Read-only file system"
     )
 
@@ -445,7 +448,7 @@ def test_our_own_requests_decoding_in_a_mixed_forward_are_not_captured(
     cap = install(fresh(models), tmp_path)
     done, new = [5, 6, 7], [8, 9]
     fb = SimpleNamespace(
-        rids=[sh.sglang_rid("a", done), sh.sglang_rid("b", new), "user-1"],
+        rids=[sr.sglang_rid("a", done), sr.sglang_rid("b", new), "user-1"],
         extend_seq_lens_cpu=[1, 2, 1],
         extend_prefix_lens_cpu=[3, 0, 40],
     )
@@ -479,10 +482,10 @@ def _api_renamed(model: Any, specs: list[dict[str, Any]]) -> None:
 
 
 def test_the_hooks_api_shape_is_detected() -> None:
-    assert sh.hooks_api_problem(_api_0521) is None
-    assert "newer hooks API" in (sh.hooks_api_problem(_api_newer) or "")
-    assert "not (model, hook_specs)" in (sh.hooks_api_problem(_api_renamed) or "")
-    assert sh.hooks_api_problem(len) == "is not a Python function"
+    assert sc.hooks_api_problem(_api_0521) is None
+    assert "newer hooks API" in (sc.hooks_api_problem(_api_newer) or "")
+    assert "not (model, hook_specs)" in (sc.hooks_api_problem(_api_renamed) or "")
+    assert sc.hooks_api_problem(len) == "is not a Python function"
 
 
 def test_a_newer_hooks_api_is_refused_at_load_naming_the_version(

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import runkit
 import sglang_real as sr
-from eagle3d.dump import read_dump
-from eagle3d.sglang_hook import sglang_rid
+from eagle3d.dumps.format import read_dump
+from eagle3d.remote.sglang_rid import sglang_rid
 
 pytestmark = [*sr.needs_real_sglang, pytest.mark.timeout(900)]
 
@@ -36,7 +36,7 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def model10(work: Path) -> Path:
-    from eagle3d.tinymodel import build_tiny_model
+    from eagle3d.tools.tinymodel import build_tiny_model
 
     return Path(build_tiny_model(work / "model", layers=10, hidden=64))
 

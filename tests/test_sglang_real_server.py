@@ -42,7 +42,7 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def model10(work: Path) -> Path:
-    from eagle3d.tinymodel import build_tiny_model
+    from eagle3d.tools.tinymodel import build_tiny_model
 
     return Path(build_tiny_model(work / "model", layers=LAYERS, hidden=64))
 
@@ -176,14 +176,14 @@ def test_monitor_shows_the_real_servers_readings(extraction: dict[str, Any]) -> 
     # the monitor's producer panel, from the same journal
     from eagle3proto import paths, reducer
     from eagle3proto.journal import iter_events
-    from eagle3top import panels
+    from eagle3top import hostpanels
     from eagle3top.model import Row
 
     events, _ = iter_events(paths.journal_dir(str(out), paths.Shard(0, 1)))
     state = reducer.new_state()
     for e in events:
         reducer.apply(state, e)
-    text = panels.producer([Row(label="x", state=state, source="journal")], time.time()).plain
+    text = hostpanels.producer([Row(label="x", state=state, source="journal")], time.time()).plain
     assert "sglang up" in text, text
     # the panel shows three lines of the (sorted) detail: the /metrics readings
     total = int(detail["prompt_tokens_total"])

@@ -17,10 +17,14 @@ import msgspec
 import pytest
 import torch
 from daemon_harness import ENV, conversations, events, run, start, wait_for_saved, write_jsonl
-from eagle3d import ckpt, config, splice, storedtype
-from eagle3d.commit import Committed, Committer
-from eagle3d.dump import BadDump, Dump, read_dump, read_header, write_dump
-from eagle3d.verify import check_sample, verify
+from eagle3d.store import archive as ckpt
+from eagle3d import config
+from eagle3d.store import splice
+from eagle3d.remote import storedtype
+from eagle3d.store.committer import Committed, Committer
+from eagle3d.dumps.format import BadDump, Dump, read_dump, read_header
+from eagle3d.remote.dumpfile import write_dump
+from eagle3d.tools.verify import check_sample, verify
 from eagle3proto import events as ev
 from eagle3proto.codec import encode_frame
 from eagle3proto.wire import FrameBuffer
@@ -178,7 +182,7 @@ def _worker_dump(model: Path, dumps: Path, *extra: str) -> tuple[dict[str, Any],
     """One request through a real worker process; (its ready message, the dump's path)."""
     dumps.mkdir()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "eagle3d.producers.hf_worker", "--model", str(model),
+        [sys.executable, "-m", "eagle3d.remote.hf_worker", "--model", str(model),
          "--dump-dir", str(dumps), "--aux-layers", "1,2,3", "--threads", "1", *extra],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=ENV,
     )  # fmt: skip
@@ -312,13 +316,14 @@ def test_verify_checks_each_sample_against_its_sessions_dtype(
 def _hooked_dumps(model_dir: Path, dumps: Path, store_dtype: str | None) -> Dump:
     sys.path.insert(0, os.path.dirname(__file__))
     import sglang_standin as st
-    from eagle3d import sglang_hook as sh
+    from eagle3d.remote import sglang_hook as sh
+    from eagle3d.remote import sglang_rid as sr
 
     model, _ = st.load_standin(str(model_dir))
     st.register_forward_hooks(model, [sh.hook_spec(str(dumps), None, 4, store_dtype)])
     (cap,) = [h for m in model.modules() for h in m._forward_hooks.values() if isinstance(h, sh.Capture)]  # fmt: skip
     ids = [(3 * k) % 800 + 5 for k in range(40)]
-    st.Scheduler(model).run([(sh.sglang_rid("s1", ids), ids)])
+    st.Scheduler(model).run([(sr.sglang_rid("s1", ids), ids)])
     assert cap.writer is not None
     cap.writer.drain()
     return read_dump(str(dumps / "s1.e3dump"))
@@ -338,7 +343,8 @@ def test_the_sglang_hook_casts_to_the_storage_dtype_its_config_names(
 def test_the_hook_refuses_an_unknown_storage_dtype_and_the_launcher_passes_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from eagle3d import sglang_hook as sh
+    from eagle3d.remote import sglang_hook as sh
+    from eagle3d.remote import sglang_rid as sr
     from eagle3d.cli import main
 
     with pytest.raises(sh.HookLoadError, match="store_dtype: 'fp3' is not one of"):

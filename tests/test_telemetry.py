@@ -7,8 +7,8 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from eagle3d import telemetry
-from eagle3d.telemetry import NvmlGpus, SystemProbes, Telemetry, throttle_names
+from eagle3d.serve import telemetry
+from eagle3d.serve.telemetry import NvmlGpus, SystemProbes, Telemetry, throttle_names
 from eagle3proto import events as ev
 
 

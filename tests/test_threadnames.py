@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from eagle3d.threadnames import COMM_LEN, kernel_name, name_this_thread, name_threads
+from eagle3d.remote.threadnames import COMM_LEN, kernel_name, name_this_thread, name_threads
 
 
 def _comm(tid: int | None) -> str:

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from eagle3d.unit import NO_RESTART_EXIT, UnitOptions, find_exec, install_paths, render_unit
+from eagle3d.tools.unit import NO_RESTART_EXIT, UnitOptions, find_exec, install_paths, render_unit
 
 THRESHOLD = 35
 REPO = Path(__file__).resolve().parents[1]

@@ -10,38 +10,24 @@ import argparse
 import importlib
 import sys
 
-from . import __version__
+from eagle3d import __version__, exitcodes
 
 #: Modules that add subcommands, in the order they appear in ``--help``.
 COMMAND_MODULES = (
-    "eagle3d.runner",
-    "eagle3d.verify",
-    "eagle3d.demo",
-    "eagle3d.tinymodel",
-    "eagle3d.sglang_launch",
-    "eagle3d.unit",
+    "eagle3d.run.command",
+    "eagle3d.tools.verify",
+    "eagle3d.tools.demo",
+    "eagle3d.tools.tinymodel",
+    "eagle3d.tools.sglang_launch",
+    "eagle3d.tools.unit",
 )
-
-EXIT_CODES = """\
-exit codes of `eagle3d run`:
-  0  finished, or stopped cleanly (rerun the same command to resume)
-  1  internal error
-  2  bad usage or configuration (unknown key, wrong type)
-  3  model or dataset missing, unreadable, or not a dataset format eagle3d reads
-  4  output not writable, or removed, moved or replaced during the run
-  5  another daemon holds this shard of the output
-  6  job fingerprint changed under a resumed job (--force-resume overrides)
-  7  the output holds a job of another shard count (one layout per output)
-  8  producer could not start
-  9  finished, but every sample failed or more than --max-failed-fraction did
-"""
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="eagle3d",
         description="Crash-safe EAGLE-3 hidden-state extraction.",
-        epilog=EXIT_CODES,
+        epilog=exitcodes.help_text(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"eagle3d {__version__}")

@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 from eagle3proto.paths import Shard
 
-from . import storedtype
+from eagle3d.remote import storedtype
 
 
 class ConfigError(ValueError):
@@ -41,11 +41,11 @@ class JobConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_attempts: int = 3
     request_timeout: float = 600.0
     batch_tokens: int = 8192
-    workers: int = 0  # 0: automatic, see eagle3d.producers.hf.worker_layout()
+    workers: int = 0  # 0: automatic, see eagle3d.produce.hf_layout.worker_layout()
     worker_threads: int = 0  # 0: the CPUs divided among the workers
     device: str = "auto"
     dtype: str = "auto"
-    store_dtype: str = "auto"  # see eagle3d.storedtype: auto = the model's own 16-bit dtype
+    store_dtype: str = "auto"  # see eagle3d.remote.storedtype: auto = the model's own 16-bit dtype
     commit_threads: int = 0  # 0: automatic, see commit_thread_count()
     force_resume: bool = False
     max_failed_fraction: float = 0.05  # more failures for good than this: exit 9
@@ -68,7 +68,7 @@ class JobConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 "capture hook writes to (`eagle3d sglang-args` prints the server side)"
             )
         if self.backend == "sglang":
-            from .producers.sglang import server_url_problem
+            from eagle3d.produce.sglang_info import server_url_problem
 
             problem = server_url_problem(self.server)
             if problem:
@@ -263,11 +263,6 @@ def model_config(model_dir: str) -> dict[str, Any]:
     except (OSError, json.JSONDecodeError) as e:
         raise OSError(f"{path}: unreadable ({e})") from e
     return cfg.get("text_config", cfg)
-
-
-def default_aux_layers(num_layers: int) -> list[int]:
-    """SGLang/SpecForge convention: the states entering layers 2, L//2 and L-3."""
-    return [2, num_layers // 2, num_layers - 3]
 
 
 def file_sha(path: str, chunk: int = 8 << 20) -> str:

@@ -1,0 +1,233 @@
+"""Dataset files: which format a file is, how many rows it has, and its rows in order.
+
+Formats, told apart by their content (never trusted from the name alone):
+
+* ``jsonl`` - one JSON object per line (:mod:`eagle3d.ingest.dataset` parses each line);
+* ``jsonl.gz`` / ``jsonl.zst`` - the same, gzip- or zstandard-compressed;
+* ``json`` - one JSON array of sample objects;
+* ``parquet`` - a table with a ``messages`` or ``conversations`` column (lists of
+  role/content or from/value structs) or pre-tokenized ``input_ids`` and ``loss_mask``
+  columns (pyarrow, from the ``extract`` extra).
+
+The sample id is the 0-based row number in every format: a line of a JSONL file, an element
+of a JSON array, a row of a parquet table. Blank lines keep their id but are no samples:
+:func:`count` returns them so that the daemon skips them (counted as skipped, not failed).
+Anything else (a directory, an unknown binary, a text file with no JSON object in it) is a
+:class:`DatasetError` naming what was found, raised before a run starts.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import IO, Any
+
+import msgspec
+
+from eagle3d.ingest.dataset import BadSample, Sample, parse_line, parse_obj
+
+GZIP_MAGIC = b"\x1f\x8b"
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+PARQUET_MAGIC = b"PAR1"
+_BOM = b"\xef\xbb\xbf"
+_HEAD = 1 << 16
+HINT = "eagle3d reads JSONL (.jsonl, .jsonl.gz, .jsonl.zst), a JSON array, or parquet"
+_INSTALL = "install it with the extract extra: pip install 'eagle3d[extract]'"
+
+#: A row as read: a JSONL line's bytes or a parquet row's columns.
+Row = bytes | dict[str, Any]
+
+
+class DatasetError(ValueError):
+    """The file is not a dataset eagle3d can read; the message says what it is instead."""
+
+
+@dataclass(frozen=True, slots=True)
+class Format:
+    name: str  # jsonl | jsonl.gz | jsonl.zst | json | parquet
+    columns: tuple[str, ...] = ()  # parquet: the columns a sample is read from
+
+
+def detect(path: str) -> Format:
+    """The format of the dataset at ``path``. Raises DatasetError for anything else."""
+    with open(path, "rb") as f:
+        head = f.read(_HEAD)
+    if head.startswith(GZIP_MAGIC):
+        return _check_text(Format("jsonl.gz"), _peek(path, "jsonl.gz"))
+    if head.startswith(ZSTD_MAGIC):
+        return _check_text(Format("jsonl.zst"), _peek(path, "jsonl.zst"))
+    if head.startswith(PARQUET_MAGIC):
+        return Format("parquet", _parquet_columns(path))
+    body = head.removeprefix(_BOM).lstrip()
+    if body.startswith(b"["):
+        try:
+            _array(path)
+        except msgspec.DecodeError as e:
+            first = head.removeprefix(_BOM).split(b"\n", 1)[0]
+            try:
+                msgspec.json.decode(first)
+            except msgspec.DecodeError:
+                raise DatasetError(
+                    f"starts like a JSON array but is not valid JSON ({e})"
+                ) from None
+            return Format("jsonl")  # JSONL whose first line happens to be an array
+        return Format("json")
+    return _check_text(Format("jsonl"), head)
+
+
+def _check_text(fmt: Format, head: bytes) -> Format:
+    """A JSONL body: text, with a JSON object starting one of its first lines."""
+    if not head.strip():
+        return fmt  # empty: no samples
+    if b"\0" in head:
+        raise DatasetError(f"a binary file, not {fmt.name} (starts with {head[:8]!r}); {HINT}")
+    lines = head.removeprefix(_BOM).splitlines()
+    if len(head) == _HEAD and len(lines) > 1:
+        lines = lines[:-1]  # the last one may be cut
+    try:
+        for ln in lines:
+            ln.decode()
+    except UnicodeDecodeError:
+        raise DatasetError(f"not UTF-8 text (starts with {head[:8]!r}); {HINT}") from None
+    if not any(ln.lstrip().startswith(b"{") for ln in lines):
+        raise DatasetError(f"no line starts a JSON object ({lines[0][:40]!r}...); {HINT}")
+    return fmt
+
+
+def _peek(path: str, name: str) -> bytes:
+    try:
+        with _open_text(path, name) as f:
+            return f.read(_HEAD)
+    except DatasetError:
+        raise
+    except Exception as e:  # gzip's OSError/EOFError, zstandard's ZstdError
+        kind = {"jsonl.gz": "gzip", "jsonl.zst": "zstandard"}[name]
+        raise DatasetError(f"a {kind} file that does not decompress ({e})") from e
+
+
+def _open_text(path: str, name: str) -> IO[bytes]:
+    if name == "jsonl.gz":
+        return io.BufferedReader(gzip.GzipFile(path, "rb"))
+    if name == "jsonl.zst":
+        try:
+            import zstandard
+        except ImportError:
+            raise DatasetError(f"a zstandard file, and zstandard is missing; {_INSTALL}") from None
+        raw = open(path, "rb")  # noqa: SIM115 - closed with the stream reader
+        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=True))
+    return open(path, "rb")
+
+
+def _parquet_columns(path: str) -> tuple[str, ...]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise DatasetError(f"a parquet file, and pyarrow is missing; {_INSTALL}") from None
+    try:
+        names = pq.ParquetFile(path).schema_arrow.names
+    except Exception as e:
+        raise DatasetError(f"a parquet file that does not open ({e})") from e
+    if "input_ids" in names or "loss_mask" in names:
+        return tuple(k for k in ("input_ids", "loss_mask") if k in names)
+    for key in ("messages", "conversations"):
+        if key in names:
+            return (key,)
+    raise DatasetError(
+        "a parquet file without a 'messages', 'conversations' or 'input_ids'/'loss_mask'"
+        f" column (columns: {', '.join(names[:10]) or 'none'})"
+    )
+
+
+def _array(path: str) -> list[msgspec.Raw]:
+    """A JSON array file's elements, each kept as its raw bytes (decoded one by one later)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if not data.strip():
+        return []
+    return msgspec.json.decode(data.removeprefix(_BOM), type=list[msgspec.Raw])
+
+
+def count(path: str, fmt: Format) -> tuple[int, list[int]]:
+    """(rows, ids of blank lines) of the dataset: rows are the sample ids 0..rows-1."""
+    if fmt.name == "json":
+        return len(_array(path)), []
+    if fmt.name == "parquet":
+        import pyarrow.parquet as pq
+
+        return int(pq.ParquetFile(path).metadata.num_rows), []
+    n = 0
+    blank: list[int] = []
+    for n, line in enumerate(_lines(path, fmt), 1):
+        if not line.strip():
+            blank.append(n - 1)
+    return n, blank
+
+
+def _lines(path: str, fmt: Format) -> Iterator[bytes]:
+    """The lines of a JSONL file (compressed or not), line endings removed."""
+    with _open_text(path, fmt.name) as f:
+        first = True
+        for line in f:
+            if first:
+                line = line.removeprefix(_BOM)  # not part of line 1's JSON
+                first = False
+            if line.endswith(b"\n"):
+                line = line[:-2] if line.endswith(b"\r\n") else line[:-1]
+            yield line
+
+
+def iter_rows(
+    path: str, fmt: Format, shard_index: int = 0, shard_count: int = 1
+) -> Iterator[tuple[int, Row]]:
+    """``(idx, row)`` for the rows with ``idx % shard_count == shard_index``, in order."""
+    if fmt.name == "parquet":
+        yield from _parquet_rows(path, fmt, shard_index, shard_count)
+        return
+    rows: Iterator[Any] = iter(_array(path)) if fmt.name == "json" else _lines(path, fmt)
+    for idx, row in enumerate(rows):
+        if idx % shard_count == shard_index:
+            yield idx, bytes(row)
+
+
+def _parquet_rows(
+    path: str, fmt: Format, shard_index: int, shard_count: int
+) -> Iterator[tuple[int, Row]]:
+    import pyarrow.parquet as pq
+
+    idx = 0
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=1024, columns=list(fmt.columns)):
+        for row in batch.to_pylist():
+            if idx % shard_count == shard_index:
+                yield idx, {k: _drop_nulls(v) for k, v in row.items()}
+            idx += 1
+
+
+def _drop_nulls(v: Any) -> Any:
+    # A parquet struct has every field of its schema: a ShareGPT turn read from a table that
+    # also has role/content rows carries role=None. Absent, not null, is what a line means.
+    if isinstance(v, list):
+        return [_drop_nulls(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _drop_nulls(x) for k, x in v.items() if x is not None}
+    return v
+
+
+def parse_row(idx: int, row: Row) -> Sample:
+    """Parse one row of any format, or raise :class:`BadSample` saying why not."""
+    if isinstance(row, dict):
+        return parse_obj(idx, row)
+    return parse_line(idx, row)
+
+
+__all__ = [
+    "HINT",
+    "BadSample",
+    "DatasetError",
+    "Format",
+    "count",
+    "detect",
+    "iter_rows",
+    "parse_row",
+]

@@ -1,0 +1,444 @@
+"""Hugging Face producer: the model runs in worker processes, never in the daemon.
+
+Each worker (:mod:`eagle3d.remote.hf_worker`) is a child process fed over a pipe. When one
+dies, its in-flight requests are reported failed (retryable) so the daemon resends them, and
+the worker is restarted with capped back-off. When work was sent to one and it reports no
+progress for ``hang_timeout`` seconds (even if the work was taken away meanwhile) it is killed
+and restarted the same way.
+
+A request goes to the worker with the fewest tokens outstanding. Each worker batches from its
+own queue; a worker that runs dry takes over the newest waiting requests of the busiest one
+(``give``/``given``), so at the end of the dataset the workers finish together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from eagle3proto.events import ProducerHealth
+from eagle3proto.wire import FrameBuffer
+
+from eagle3d.core.sample import Request
+from eagle3d.produce.base import DumpGrace, Producer, ProducerEvents
+from eagle3d.produce.hf_layout import (
+    model_weight_bytes,
+    usable_cpus,
+    visible_gpus,
+    worker_device,
+    worker_layout,
+)
+from eagle3d.remote import hf_protocol as pr
+
+
+class ProducerStartError(RuntimeError):
+    """The worker could not load the model."""
+
+
+@dataclass(slots=True)
+class _Worker:
+    slot: int
+    proc: asyncio.subprocess.Process
+    inflight: dict[str, int] = field(default_factory=dict)  # rid -> tokens, oldest first
+    running: set[str] = field(default_factory=set)  # the batch it is computing now
+    asked: bool = False  # a "give" to it is unanswered
+    last_progress: float = 0.0
+    # Work was sent here since the worker last made progress or said it was idle: its hang
+    # clock runs, whatever then took the work away (the daemon's timeout, another worker).
+    owes: bool = False
+    ready: asyncio.Future[pr.Ready] | None = None
+    info: pr.Ready | None = None
+    stopping: bool = False
+
+
+class HFProducer(Producer):
+    """Runs a transformers model in ``workers`` child processes (0: see :func:`worker_layout`)."""
+
+    name = "hf"
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        dump_dir: str,
+        aux_layers: list[int] | None = None,
+        workers: int = 0,
+        batch_tokens: int = 8192,
+        device: str = "auto",
+        dtype: str = "auto",
+        store_dtype: str = "",
+        hang_timeout: float = 600.0,
+        window: int = 0,
+        threads: int = 0,
+    ) -> None:
+        self.model = model
+        self.dump_dir = dump_dir
+        self.aux_layers = aux_layers or []
+        self.n_workers = workers
+        self.batch_tokens = batch_tokens
+        self.device = device
+        self.dtype = dtype
+        self.store_dtype = store_dtype  # '' keeps the compute dtype (the commit casts)
+        self.hang_timeout = hang_timeout
+        self.threads = threads
+        self._window = window
+        self._workers: list[_Worker | None] = [None] * max(1, workers)
+        self._events: ProducerEvents | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._restarts = 0
+        self._latency: list[float] = []
+        self._stopped = False
+        self.info: pr.Ready | None = None
+        self._rr = 0
+        self._gpus = 0
+        self._backlog: list[Request] = []  # submitted while no worker was up
+        self._grace = DumpGrace()  # dumps the workers wrote that the daemon has not seen
+        self._requests: dict[str, Request] = {}  # at a worker: kept to move it elsewhere
+        self._moved = 0  # requests handed from a busy worker to an idle one
+        self._real = 0  # tokens computed for real, and with padding, over all batches
+        self._padded = 0
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def start(self, events: ProducerEvents) -> None:
+        self._events = events
+        self._gpus = visible_gpus(self.device)
+        import psutil
+
+        self.n_workers, self.threads = worker_layout(
+            self.n_workers,
+            self.threads,
+            gpus=self._gpus,
+            cpus=usable_cpus(),
+            model_bytes=model_weight_bytes(self.model),
+            mem_available=psutil.virtual_memory().available,
+        )
+        self._workers = [None] * self.n_workers
+        await asyncio.gather(*(self._spawn(i) for i in range(self.n_workers)))
+        infos = [w.info for w in self._workers if w is not None and w.info is not None]
+        devices = sorted({i.device for i in infos})
+        # As the workers report it (torch.get_num_threads()), not as asked.
+        told = sorted({i.threads for i in infos})
+        each = f"{'/'.join(map(str, told))} thread{'s' if told[-1:] != [1] else ''} each"
+        malloc = sorted({i.malloc for i in infos})
+        events.producer_state(
+            "up",
+            f"{self.n_workers} worker(s) on {', '.join(devices)}, {each}; "
+            f"malloc: {'/'.join(malloc)}",
+        )
+
+    async def _spawn(self, slot: int) -> _Worker:
+        cmd = [
+            sys.executable,
+            "-m",
+            "eagle3d.remote.hf_worker",
+            "--model",
+            self.model,
+            "--dump-dir",
+            self.dump_dir,
+            "--batch-tokens",
+            str(self.batch_tokens),
+            "--device",
+            worker_device(self.device, slot, self._gpus),
+            "--dtype",
+            self.dtype,
+        ]
+        if self.aux_layers:
+            cmd += ["--aux-layers", ",".join(map(str, self.aux_layers))]
+        if self.store_dtype:
+            cmd += ["--store-dtype", self.store_dtype]
+        cmd += ["--threads", str(self.threads)]
+        proc = await asyncio.create_subprocess_exec(
+            *cmd,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            env={
+                **os.environ,
+                "PYTHONUNBUFFERED": "1",
+                # A worker never downloads, and its progress bars would only clutter the log.
+                "HF_HUB_OFFLINE": "1",
+                "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+                "TRANSFORMERS_VERBOSITY": "error",
+            },
+        )
+        w = _Worker(slot, proc, last_progress=time.monotonic())
+        w.ready = asyncio.get_running_loop().create_future()
+        self._workers[slot] = w
+        self._track(asyncio.create_task(self._read(w)))
+        info = await w.ready
+        self.info = info
+        w.info = info
+        w.last_progress = time.monotonic()
+        self._track(asyncio.create_task(self._watch(w)))
+        return w
+
+    def _track(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _read(self, w: _Worker) -> None:
+        frames = FrameBuffer()
+        assert w.proc.stdout is not None
+        while True:
+            chunk = await w.proc.stdout.read(1 << 16)
+            if not chunk:
+                break
+            for payload in frames.feed(chunk):
+                self._on_message(w, pr.from_worker(payload))
+        if w.ready is not None and not w.ready.done():
+            code = await w.proc.wait()
+            w.ready.set_exception(ProducerStartError(f"hf worker exited with {code} while loading"))
+
+    def _on_message(self, w: _Worker, msg: pr.FromWorker) -> None:
+        now = time.monotonic()
+        if isinstance(msg, pr.Ready):
+            assert w.ready is not None
+            w.ready.set_result(msg)
+        elif isinstance(msg, pr.LoadFailed):
+            assert w.ready is not None
+            if not w.ready.done():
+                w.ready.set_exception(ProducerStartError(f"{msg.error}: {msg.message}"))
+        elif isinstance(msg, pr.Start):
+            w.last_progress = now
+            w.running = set(msg.rids)
+            if self._events is not None:
+                self._events.requests_started(list(msg.rids))
+        elif isinstance(msg, pr.Done):
+            w.last_progress = now
+            w.running = set()
+            for rid in msg.rids:
+                w.inflight.pop(rid, None)
+                self._requests.pop(rid, None)
+            w.owes = bool(w.inflight)
+            self._latency = [*self._latency, msg.secs][-20:]
+            self._real += msg.tokens
+            self._padded += msg.padded
+        elif isinstance(msg, pr.Idle):  # its loop waits for work: alive, and owing nothing
+            w.last_progress = now
+            w.owes = bool(w.inflight)
+            # Only a loop that says it waits takes work over: a worker that hangs after a
+            # batch's "done" must not pull others' requests into its queue.
+            self._balance(w)
+        elif isinstance(msg, pr.Given):
+            w.asked = False
+            for rid in msg.rids:
+                if w.inflight.pop(rid, None) is None:
+                    continue  # cancelled meanwhile
+                request = self._requests.pop(rid, None)
+                if request is not None:
+                    self._moved += 1
+                    self.submit(request)
+        elif isinstance(msg, pr.Written):
+            # Usually the daemon has seen most of a batch's dumps before the batch's
+            # "written" arrives (it is sent after the last one): only the rest is awaited.
+            for rid in msg.rids:
+                self._grace.written(rid, now)
+        elif isinstance(msg, pr.Fail) and self._events is not None:
+            w.inflight.pop(msg.rid, None)
+            self._requests.pop(msg.rid, None)
+            self._events.request_failed(msg.rid, msg.error, msg.message, True)
+
+    def _balance(self, idle: _Worker) -> None:
+        """``idle`` waits for work with nothing queued: take over part of the requests
+        waiting at the busiest worker, so that both run out at about the same time.
+
+        Dispatching by tokens outstanding balances the workers while the daemon refills its
+        window; at the end of the dataset nothing is refilled, and one worker used to sit
+        idle while another still had a queue behind its running batch (about 1 s of a 7.5 s
+        demo run on this machine's two single-threaded workers). The worker hands back only
+        what it has not started (its "given" answer); those are resubmitted here.
+        """
+        if idle.inflight or idle.stopping:
+            return
+        best: tuple[int, _Worker, list[str]] | None = None
+        for v in self._workers:
+            if v is None or v is idle or v.asked or v.stopping:
+                continue
+            waiting = [r for r in v.inflight if r not in v.running]
+            tokens = sum(v.inflight[r] for r in waiting)
+            if waiting and (best is None or tokens > best[0]):
+                best = (tokens, v, waiting)
+        if best is None:
+            return
+        waiting_tokens, victim, waiting = best
+        # Half of what the victim has left, counting its running batch as half done: the
+        # newest requests go, so the victim keeps its oldest-first order.
+        running = sum(victim.inflight[r] for r in victim.running if r in victim.inflight)
+        share = (waiting_tokens + running / 2) / 2
+        take: list[str] = []
+        taken = 0
+        for rid in reversed(waiting):
+            if take and taken + victim.inflight[rid] > share:
+                break
+            take.append(rid)
+            taken += victim.inflight[rid]
+        assert victim.proc.stdin is not None
+        victim.asked = True
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            victim.proc.stdin.write(pr.frame(pr.Give(take)))
+
+    def dump_arrived(self, rid: str) -> None:
+        self._grace.arrived(rid, time.monotonic())
+
+    def _missing_dumps(self, now: float) -> None:
+        """Requests whose dump the worker wrote long ago but the daemon never saw (removed
+        with the dump area before it looked): retried now rather than at the request
+        timeout (see :class:`DumpGrace`)."""
+        for rid in self._grace.late(now):
+            if self._events is not None:
+                why = f"the worker wrote its dump {self._grace.grace:.0f} s ago and none arrived"
+                self._events.request_failed(rid, "DumpMissing", why, True)
+
+    async def _watch(self, w: _Worker) -> None:
+        """Restart the worker when it dies or hangs; its in-flight requests are resent."""
+        while True:
+            try:
+                code: int | None = await asyncio.wait_for(w.proc.wait(), timeout=1.0)
+            except TimeoutError:
+                if w.slot == 0:
+                    self._missing_dumps(time.monotonic())
+                hung = self._hung(w, time.monotonic())
+                if not hung:
+                    continue
+                reason = f"worker {w.proc.pid} made no progress for {self.hang_timeout:.0f} s"
+                with contextlib.suppress(ProcessLookupError):
+                    w.proc.kill()
+                await w.proc.wait()
+            else:
+                reason = f"worker {w.proc.pid} exited with code {code}"
+            if w.stopping or self._stopped:
+                return
+            await self._restart(w, reason)
+            return
+
+    async def _restart(self, w: _Worker, reason: str) -> None:
+        assert self._events is not None
+        lost = list(w.inflight)
+        w.inflight.clear()
+        w.running = set()
+        for rid in lost:
+            self._requests.pop(rid, None)
+        self._workers[w.slot] = None
+        self._restarts += 1
+        self._events.producer_state("restarting", reason)
+        for rid in lost:
+            self._events.request_failed(rid, "ProducerCrashed", reason, True)
+        delay = 0.5
+        while not self._stopped:
+            try:
+                await self._spawn(w.slot)
+                self._events.producer_state("up", f"worker restarted after: {reason}")
+                backlog, self._backlog = self._backlog, []
+                for request in backlog:
+                    self.submit(request)
+                return
+            except ProducerStartError as e:
+                self._events.producer_state("down", str(e))
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+
+    async def stop(self) -> None:
+        self._stopped = True
+        for w in self._workers:
+            if w is None:
+                continue
+            w.stopping = True
+            if w.proc.stdin is not None and not w.proc.stdin.is_closing():
+                with contextlib.suppress(Exception):
+                    w.proc.stdin.write(pr.frame(pr.Stop()))
+                    w.proc.stdin.close()
+        for w in self._workers:
+            if w is None:
+                continue
+            try:
+                await asyncio.wait_for(w.proc.wait(), timeout=10)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    w.proc.kill()
+                await w.proc.wait()
+        for t in list(self._tasks):
+            t.cancel()
+
+    # -- requests -----------------------------------------------------------------------------
+
+    def submit(self, request: Request) -> None:
+        live = [w for w in self._workers if w is not None and w.ready and w.ready.done()]
+        if not live:
+            assert self._events is not None
+            if not self._stopped:
+                # Every worker is (re)starting: hold the request until one is up. Failing it
+                # here made the daemon resend at once, and a single-worker producer burned
+                # all attempts of everything in flight in a few milliseconds.
+                self._backlog.append(request)
+                return
+            self._events.request_failed(request.rid, "ProducerDown", "no live worker", True)
+            return
+        # To the worker with the fewest tokens outstanding (its running batch included): the
+        # work each has left, so the workers run out at about the same time at the end of
+        # the dataset. Counting only waiting requests left one single-threaded worker idle
+        # for the length of a batch (1.2-1.8 s of 8.6 s on the demo set); outstanding
+        # requests or tokens leave 0.2-0.7 s (docs/benchmarks.md, fifth session).
+        w = min(live, key=lambda x: (sum(x.inflight.values()), x.slot))
+        if not w.owes:
+            w.last_progress = time.monotonic()  # it was idle, not stuck: the clock starts now
+            w.owes = True
+        w.inflight[request.rid] = len(request.input_ids)
+        self._requests[request.rid] = request
+        assert w.proc.stdin is not None
+        # A dead worker's pipe refuses the write; its watcher resends everything in flight.
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            w.proc.stdin.write(pr.frame(pr.Req(request.rid, request.input_ids)))
+
+    def cancel(self, rid: str) -> None:
+        self._grace.forget(rid)
+        self._requests.pop(rid, None)
+        self._backlog = [r for r in self._backlog if r.rid != rid]
+        for w in self._workers:
+            if w is not None and rid in w.inflight:
+                del w.inflight[rid]
+                assert w.proc.stdin is not None
+                with contextlib.suppress(ConnectionError, RuntimeError):
+                    w.proc.stdin.write(pr.frame(pr.Cancel(rid)))
+
+    def window(self) -> int:
+        if self._window:
+            return self._window
+        # Enough queued work for the worker to sort by length and fill two budgets.
+        return max(16, 4 * self.n_workers * max(1, self.batch_tokens // 512))
+
+    def is_stuck(self, now: float) -> bool:
+        return any(w is not None and self._hung(w, now) for w in self._workers)
+
+    def _hung(self, w: _Worker, now: float) -> bool:
+        """Work was sent to ``w`` and it made no progress (a batch started or done, or its
+        loop waiting for work) for ``hang_timeout``, even if the work has since been taken
+        away: by the daemon's own request timeout (the same length) or by an idle worker
+        (``give``, which the worker's reader thread answers even when its loop is stuck).
+        Otherwise a hung worker looked idle, was sent more, and was never restarted."""
+        return w.owes and now - w.last_progress > self.hang_timeout
+
+    def health(self) -> ProducerHealth:
+        live = [w for w in self._workers if w is not None and w.ready and w.ready.done()]
+        lat = sum(self._latency) / len(self._latency) if self._latency else 0.0
+        return ProducerHealth(
+            name=f"hf:{os.path.basename(self.model.rstrip('/'))}",
+            up=len(live) == self.n_workers and not self._stopped,
+            latency_s=lat,
+            restarts=self._restarts,
+            detail={
+                "workers": float(len(live)),
+                "threads_per_worker": float(self.threads),
+                "device": ", ".join(sorted({w.info.device for w in live if w.info})),
+                "dtype": self.info.dtype if self.info else "",
+                "store_dtype": self.info.store_dtype if self.info else "",
+                "inflight": float(sum(len(w.inflight) for w in live)),
+                # Real tokens over computed ones: what the length-sorted batching saves.
+                "batch_fill": round(self._real / self._padded, 3) if self._padded else 0.0,
+                "moved": float(self._moved),
+            },
+        )

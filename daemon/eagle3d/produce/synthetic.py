@@ -1,0 +1,121 @@
+"""Synthetic producer: dumps of the right shape, no model weights needed.
+
+For sizing the commit path of a node ("can this disk keep up with the GPU?") and for the
+pipeline benchmarks: the daemon validates and commits these dumps exactly as it does real
+ones. Only the model's ``config.json`` (hidden size) and tokenizer are used.
+
+By default dumps are written at memory speed. ``EAGLE3D_SYNTHETIC_LATENCY_S`` models a GPU
+server instead: requests are served in batches (up to ``EAGLE3D_SYNTHETIC_BATCH``, default 32),
+each batch taking that many seconds however full it is, the way a prefill-bound server with
+continuous batching behaves. It is a benchmark knob, not a job setting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from eagle3proto.events import ProducerHealth
+
+from eagle3d.core.sample import Request
+from eagle3d.produce.base import Producer, ProducerEvents
+from eagle3d.remote.dumpfile import write_dump
+
+
+class SyntheticProducer(Producer):
+    """Writes a constant-valued dump per request from a small thread pool."""
+
+    name = "synthetic"
+
+    def __init__(
+        self,
+        *,
+        dump_dir: str,
+        hidden_size: int,
+        aux_layers: list[int],
+        dtype: str = "bfloat16",
+        threads: int = 2,
+        window: int = 8,
+        latency_s: float | None = None,
+        batch: int | None = None,
+    ) -> None:
+        self.dump_dir = dump_dir
+        self.hidden = hidden_size
+        self.layers = aux_layers
+        self.dtype = dtype
+        env = os.environ
+        self.latency = (
+            float(env.get("EAGLE3D_SYNTHETIC_LATENCY_S", 0)) if latency_s is None else latency_s
+        )
+        self.batch = int(env.get("EAGLE3D_SYNTHETIC_BATCH", 32)) if batch is None else batch
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="synthetic")
+        self._window = window
+        self._events: ProducerEvents | None = None
+        self._done = 0
+        self._t0 = time.monotonic()
+        self._queue: list[Request] = []
+        self._cond = threading.Condition()
+        self._stopped = False
+        self._server: threading.Thread | None = None
+
+    async def start(self, events: ProducerEvents | None = None) -> None:
+        self._events = events
+        if self.latency > 0:
+            self._server = threading.Thread(
+                target=self._serve, name="synthetic-server", daemon=True
+            )
+            self._server.start()
+        if events is not None:
+            events.producer_state("up", f"synthetic dumps, hidden {self.hidden}, {self.dtype}")
+
+    def submit(self, request: Request) -> None:
+        if self.latency <= 0:
+            self._pool.submit(self._write, request)
+            return
+        with self._cond:
+            self._queue.append(request)
+            self._cond.notify()
+
+    def _serve(self) -> None:
+        """The modelled server: one batch per ``latency`` seconds, dumps written after it."""
+        while True:
+            with self._cond:
+                while not self._queue and not self._stopped:
+                    self._cond.wait()
+                if self._stopped:
+                    return
+                batch, self._queue = self._queue[: self.batch], self._queue[self.batch :]
+            time.sleep(self.latency)
+            for r in batch:
+                self._write(r)
+
+    def _write(self, r: Request) -> None:
+        import torch
+
+        dtype = getattr(torch, "float32" if self.dtype == "auto" else self.dtype)
+        t = len(r.input_ids)
+        ids = torch.tensor(r.input_ids, dtype=torch.int64)
+        aux = torch.full((t, len(self.layers) * self.hidden), 0.5, dtype=dtype)
+        hid = torch.full((t, self.hidden), 0.25, dtype=dtype)
+        write_dump(self.dump_dir, r.rid, ids, aux, hid, self.layers)
+        self._done += 1
+
+    def window(self) -> int:
+        return self._window
+
+    def health(self) -> ProducerHealth:
+        return ProducerHealth(
+            name="synthetic",
+            up=True,
+            latency_s=self.latency,
+            detail={"dumps": float(self._done), "uptime_s": time.monotonic() - self._t0},
+        )
+
+    async def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+        await asyncio.to_thread(self._pool.shutdown, True)

@@ -1,0 +1,187 @@
+"""The pieces of a shard's pipeline, made and wired before the producer starts.
+
+None of them sends anything yet: the feeder starts reading when the daemon says so, and the
+inbox holds every pipeline message until the producer is up (:mod:`eagle3d.run.daemon`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from eagle3proto import paths, reducer
+from eagle3proto.paths import Shard
+
+from eagle3d import config
+from eagle3d.core.ledger import Ledger, Rules
+from eagle3d.core.resume import ResumeFold
+from eagle3d.core.sample import Sample
+from eagle3d.ingest.feeder import Feeder
+from eagle3d.produce.base import Producer
+from eagle3d.produce.factory import make_producer
+from eagle3d.remote import storedtype
+from eagle3d.run import diskguard, job
+from eagle3d.run.commits import Commits, commit_batch
+from eagle3d.run.inbox import DumpArrived, Fed, FeedFailed, Inbox
+from eagle3d.run.pipeline import Pipeline
+from eagle3d.run.recorder import Recorder
+from eagle3d.run.ticker import Ticker
+
+log = logging.getLogger("eagle3d")
+
+#: Rows the feeder may have tokenized ahead of what was sent (widened to the window).
+FEED_AHEAD = 64
+
+
+@dataclass(slots=True)
+class Opened:
+    """What the start found: the job, the replayed journal, and the way to write to it."""
+
+    facts: job.JobFacts
+    resume: ResumeFold
+    run_id: str
+    recorder: Recorder
+    identity: diskguard.OutputIdentity
+
+
+@dataclass(slots=True)
+class Parts:
+    producer: Producer
+    pipeline: Pipeline
+    feeder: Feeder
+    ticker: Ticker
+    closers: list[Callable[[], None]] = field(default_factory=list)  # in start order
+
+
+@dataclass(slots=True)
+class Where:
+    """Where the shard's run lives."""
+
+    shard: Shard
+    output: str
+    journal_dir: str
+    dump_dir: str
+
+
+def assemble(
+    cfg: config.JobConfig,
+    opened: Opened,
+    where: Where,
+    *,
+    session: int,
+    status: bytearray,
+    inbox: Inbox,
+    state: reducer.ShardState,
+    notifier: Any,
+    watchdog: Any,
+    on_done: Callable[[int], None],
+    drain_timeout: float,
+) -> Parts:
+    """Make the committer, the producer, the ledger and its pipeline, the commit threads,
+    the feeder, the ticker and the dump watcher (started: it removes what an earlier run
+    left in the dump area)."""
+    import torch
+
+    from eagle3d.dumps.watcher import DumpWatcher
+    from eagle3d.store.committer import Committer
+
+    facts, rec, identity = opened.facts, opened.recorder, opened.identity
+    # The daemon's own tensor work (validate, write) is memory-bound: one intra-op thread,
+    # so OpenMP spinning never steals cores from a producer on the same host.
+    torch.set_num_threads(1)
+    committer = Committer(where.output, store=storedtype.get(facts.job.store_dtype))
+    committer.warm_up()
+    rows = [paths.sample_relpath(i) for i in range(0, len(status), paths.GROUP_SIZE)]
+    removed = committer.clean_temp_files(rows)
+    if removed:
+        log.info("removed %d stray temp file(s) from an earlier crash", removed)
+    producer = make_producer(
+        cfg,
+        dump_dir=where.dump_dir,
+        hidden_size=facts.hidden_size,
+        layers=facts.layers,
+        store_dtype=facts.job.store_dtype,
+    )
+    rules = Rules(
+        window=cfg.concurrency or 1,  # the producer's own once it is up
+        max_attempts=cfg.max_attempts,
+        request_timeout=cfg.request_timeout,
+        drain_timeout=drain_timeout,
+        max_failed_fraction=cfg.max_failed_fraction,
+        dump_dir=where.dump_dir,
+        dataset=cfg.dataset,
+    )
+    shard = where.shard
+    ledger = Ledger(
+        status,
+        range(shard.index, len(status), shard.count),
+        facts.total,
+        rules,
+        rid_prefix=f"{opened.run_id[:8]}-{shard.index}-",
+        session=session,
+        # Until the first dump says better: fp32 of every state, per token.
+        bytes_per_token=float((1 + len(facts.layers)) * facts.hidden_size * 4 + 8),
+    )
+
+    def body(batch: list[Sample]) -> list[Any]:
+        return commit_batch(batch, committer, rec, identity, facts.hidden_size, facts.layers)
+
+    threads = cfg.commit_thread_count()
+    commits = Commits(body, inbox.put, threads, committer)
+    feeder = Feeder(
+        model=cfg.model,
+        dataset=cfg.dataset,
+        fmt=facts.fmt,
+        shard_index=shard.index,
+        shard_count=shard.count,
+        status=status,
+        max_length=cfg.max_length,
+        on_overflow=cfg.on_overflow,
+        put=lambda item: inbox.put(Fed(item)),
+        failed=lambda why: inbox.put(FeedFailed(why)),
+        capacity=FEED_AHEAD,
+    )
+    ticker = Ticker(
+        output=where.output,
+        dump_dir=where.dump_dir,
+        recorder=rec,
+        identity=identity,
+        state=state,
+        notifier=notifier,
+        watchdog=watchdog,
+    )
+    ticker.producer = producer
+
+    async def last_reading() -> None:
+        await asyncio.wait_for(producer.refresh(), 5.0)
+        rec.append(ticker.stats("finished"))
+
+    def notify(method: str, text: str) -> None:
+        getattr(notifier, method)(*((text,) if text else ()))
+
+    pipeline = Pipeline(
+        ledger,
+        producer=producer,
+        recorder=rec,
+        commits=commits,
+        journal_dir=where.journal_dir,
+        dump_dir=where.dump_dir,
+        notify=notify,
+        stop_feed=feeder.stop,
+        take=feeder.taken,
+        last_reading=last_reading,
+        on_done=on_done,
+    )
+    ticker.pipeline = pipeline
+    parts = Parts(producer, pipeline, feeder, ticker, [commits.close, feeder.stop])
+    watcher = DumpWatcher(where.dump_dir, lambda path: inbox.put(DumpArrived(path)))
+    watcher.start()
+    parts.closers.append(watcher.stop)
+    ticker.watcher = watcher
+    for path in watcher.scan() + watcher.stale_temp_files():
+        pipeline.orphan(path, "left by an earlier run")
+    log.info("committing to %s with %d threads", where.output, threads)
+    return parts

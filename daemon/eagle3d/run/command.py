@@ -1,0 +1,57 @@
+"""``eagle3d run``: the subcommand, its flags (:func:`eagle3d.config.add_job_arguments`) and
+its exit codes (:mod:`eagle3d.exitcodes`)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+
+from eagle3d import config, exitcodes
+from eagle3d.exitcodes import EXIT_CONFIG, EXIT_OK, Fatal
+from eagle3d.remote import faults
+
+log = logging.getLogger("eagle3d")
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "run",
+        help="run (or resume) an extraction job in the foreground",
+        description="Extract EAGLE-3 hidden states for every sample of a shard. "
+        "Rerun the same command to resume; a finished job is a no-op.",
+        epilog=exitcodes.help_text(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    config.add_job_arguments(p)
+    p.set_defaults(func=cmd_run)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from eagle3d.tools.logsetup import setup_logging
+
+    setup_logging()
+    try:
+        cfg = config.from_args(args)
+        faults.parse(os.environ.get("EAGLE3D_FAULT", ""))
+    except (config.ConfigError, ValueError) as e:
+        log.error("%s", e)
+        return EXIT_CONFIG
+    try:
+        return run_job(cfg)
+    except Fatal as e:
+        log.error("%s", e)
+        return e.code
+    except KeyboardInterrupt:
+        return EXIT_OK
+
+
+def run_job(cfg: config.JobConfig) -> int:
+    """Run a job in this process (``eagle3d run``, ``eagle3d demo``, the benchmarks)."""
+    from eagle3d.run.daemon import Daemon
+
+    return asyncio.run(Daemon(cfg).run())
+
+
+__all__ = ["cmd_run", "register", "run_job"]

@@ -1,0 +1,111 @@
+"""What a job is: :func:`describe` reads the model config and the dataset once at start (the
+job's fingerprint); :func:`check_fingerprint` refuses to resume a job whose dataset or
+settings changed. What its journal says is done: :mod:`eagle3d.core.resume`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from eagle3proto import events as ev
+from eagle3proto.paths import Shard
+
+from eagle3d import __version__, config
+from eagle3d.exitcodes import EXIT_CONFIG, EXIT_FINGERPRINT, Fatal
+from eagle3d.remote import storedtype
+from eagle3d.remote.dumpfile import default_aux_layers
+
+#: JobInfo fields shown when a fingerprint differs (the fingerprint also covers the model).
+_COMPARED = (
+    "dataset",
+    "dataset_bytes",
+    "dataset_sha",
+    "model",
+    "aux_layers",
+    "max_length",
+    "on_overflow",
+    "store_dtype",
+)
+
+
+@dataclass(slots=True)
+class JobFacts:
+    job: ev.JobInfo
+    total: int  # samples in this shard (blank lines are none)
+    lines: int  # rows in the dataset (= sample ids)
+    hidden_size: int
+    layers: list[int]
+    blank: list[int]  # ids of this shard's blank lines: skipped
+    fmt: Any = None  # the dataset's dataformats.Format
+
+
+def describe(cfg: config.JobConfig, shard: Shard, output: str) -> JobFacts:
+    """Read the model config and hash the dataset. Raises Fatal for impossible aux layers."""
+    from eagle3d.ingest import dataformats
+
+    mcfg = config.model_config(cfg.model)
+    n_layers = int(mcfg["num_hidden_layers"])
+    layers = cfg.aux_layers or default_aux_layers(n_layers)
+    bad = [i for i in layers if not 0 <= i < n_layers]
+    if bad:
+        raise Fatal(EXIT_CONFIG, f"aux_layers {bad} outside 0..{n_layers - 1} of {cfg.model}")
+    fmt = dataformats.detect(cfg.dataset)
+    lines, blank_ids = dataformats.count(cfg.dataset, fmt)
+    blank = [i for i in blank_ids if shard.owns(i)]
+    with open(os.path.join(cfg.model, "config.json"), "rb") as f:
+        raw = f.read().decode(errors="replace")
+    model_sha = config.fingerprint({"config": raw})
+    try:
+        store = storedtype.resolve(cfg.store_dtype, json.loads(raw))
+    except ValueError as e:
+        raise Fatal(EXIT_CONFIG, str(e)) from e
+    job = ev.JobInfo(
+        model=os.path.abspath(cfg.model),
+        dataset=os.path.abspath(cfg.dataset),
+        dataset_bytes=os.path.getsize(cfg.dataset),
+        dataset_sha=config.file_sha(cfg.dataset),
+        aux_layers=layers,
+        output=output,
+        shard_index=shard.index,
+        shard_count=shard.count,
+        backend=cfg.backend,
+        max_length=cfg.max_length,
+        on_overflow=cfg.on_overflow,
+        store_dtype=store.name,
+        version=__version__,
+    )
+    job.fingerprint = config.fingerprint(
+        {
+            "model_config": model_sha,
+            "dataset_sha": job.dataset_sha,
+            "aux_layers": job.aux_layers,
+            "max_length": job.max_length,
+            "on_overflow": job.on_overflow,
+            "store_dtype": job.store_dtype,
+            "shard": [job.shard_index, job.shard_count],
+        }
+    )
+    total = len(range(shard.index, lines, shard.count)) - len(blank)
+    return JobFacts(job, total, lines, int(mcfg["hidden_size"]), layers, blank, fmt)
+
+
+def check_fingerprint(last: ev.RunStarted | None, job: ev.JobInfo, force: bool, output: str) -> str:
+    """'' when resuming is safe; the differences when forced; raises Fatal otherwise."""
+    if last is None or last.job.fingerprint == job.fingerprint:
+        return ""
+    diffs = [
+        f"{k}: {getattr(last.job, k)!r} -> {getattr(job, k)!r}"
+        for k in _COMPARED
+        if getattr(last.job, k) != getattr(job, k)
+    ]
+    what = "; ".join(diffs) or "model config changed"
+    if force:
+        return what
+    raise Fatal(
+        EXIT_FINGERPRINT,
+        f"{output} holds a job with a different fingerprint ({what}); "
+        "refusing to resume (use --force-resume to override)",
+    )

@@ -1,0 +1,141 @@
+"""Checks made before a job starts: readable inputs, writable output, one daemon per shard.
+
+Each failure is a :class:`Fatal` carrying the documented exit code and a message that
+names the file or setting at fault.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import socket
+from collections.abc import Iterator
+
+from eagle3proto import paths
+from eagle3proto.paths import Shard
+
+from eagle3d.exitcodes import EXIT_INPUT, EXIT_LAYOUT, EXIT_LOCKED, EXIT_OUTPUT, Fatal
+
+
+def check_model(model: str) -> None:
+    if not os.path.isdir(model):
+        raise Fatal(EXIT_INPUT, f"model directory {model}: not found")
+    cfg = os.path.join(model, "config.json")
+    if not os.access(cfg, os.R_OK):
+        raise Fatal(EXIT_INPUT, f"model directory {model}: no readable config.json")
+
+
+def check_dataset(dataset: str) -> str:
+    """The dataset is a file of a format eagle3d reads; returns the format's name."""
+    from eagle3d.ingest.dataformats import HINT, DatasetError, detect
+
+    if os.path.isdir(dataset):
+        raise Fatal(EXIT_INPUT, f"dataset {dataset}: is a directory; give one file: {HINT}")
+    if not os.path.isfile(dataset):
+        raise Fatal(EXIT_INPUT, f"dataset {dataset}: not found")
+    try:
+        return detect(dataset).name
+    except DatasetError as e:
+        hint = "" if HINT in str(e) else f"; {HINT}"
+        raise Fatal(EXIT_INPUT, f"dataset {dataset}: {e}{hint}") from e
+    except OSError as e:
+        raise Fatal(EXIT_INPUT, f"dataset {dataset}: unreadable ({e.strerror})") from e
+
+
+def check_layout(output: str, shard: Shard) -> None:
+    """The output holds no journal of another shard count (one layout per output).
+
+    Two layouts over one output would save the same samples twice under different shards.
+    The check and the creation of this shard's journal directory happen under one lock on
+    the output (``OUTPUT/.eagle3d/layout.lock``), so two daemons of different layouts
+    starting at once cannot both pass. Raises Fatal(EXIT_LAYOUT), which ``--force-resume``
+    does not override.
+    """
+    others = sorted({s.count for s, _ in paths.shard_dirs(output)} - {shard.count})
+    if not others:
+        return
+    found = ", ".join(s.name for s, _ in paths.shard_dirs(output) if s.count != shard.count)
+    raise Fatal(
+        EXIT_LAYOUT,
+        f"output {output} holds a job sharded {others[0]} way(s) ({found}); this run asks"
+        f" for shard {shard.index}/{shard.count}. Keep the same N for the life of a job"
+        " (--shard, or SLURM_ARRAY_TASK_COUNT / WORLD_SIZE), or use a new --output",
+    )
+
+
+@contextlib.contextmanager
+def layout_lock(output: str) -> Iterator[None]:
+    """Held while the shard layout is checked and this shard's journal is created."""
+    os.makedirs(paths.state_dir(output), exist_ok=True)
+    fd = os.open(os.path.join(paths.state_dir(output), "layout.lock"),
+                 os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)  # fmt: skip
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def check_output(output: str) -> None:
+    """The output directory exists (or is created) and accepts a file."""
+    try:
+        os.makedirs(output, exist_ok=True)
+        probe = os.path.join(output, f".eagle3d-write-probe-{os.getpid()}")
+        with open(probe, "wb") as f:
+            f.write(b"x")
+        os.unlink(probe)
+    except OSError as e:
+        raise Fatal(EXIT_OUTPUT, f"output {output}: not writable ({e.strerror})") from e
+
+
+class ShardLock:
+    """An exclusive flock on the shard's lock file, held for the daemon's lifetime.
+
+    The file holds the owner's pid and host, so a refused second daemon can say who owns it.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.fd = -1
+
+    def acquire(self) -> None:
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            owner = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise Fatal(
+                    EXIT_LOCKED,
+                    f"another eagle3d ({owner}) is running this shard; lock {self.path}",
+                ) from e
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            with contextlib.suppress(OSError):
+                fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = -1
+
+
+def is_locked(path: str) -> bool:
+    """True when a live process holds the lock at ``path`` (used by monitors)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False

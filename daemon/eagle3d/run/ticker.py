@@ -1,0 +1,144 @@
+"""The 1 s tick: what must happen on time rather than on an event.
+
+Every second: the output's identity (a removed, moved or replaced output stops the run),
+the ledger's clocks (request timeouts, the drain's deadline), the probe writes of a pause,
+the dump area's free space, the dump watcher's safety net (every 5 s: a lost inotify event,
+a removed dump area), a ``stats`` record, sd_notify's STATUS and watchdog, thread names,
+and the progress line. While the producer starts, a ``stats`` record a second carries the
+workers' memory, which grows while a model load makes progress.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from eagle3proto import events as ev
+from eagle3proto import reducer
+
+from eagle3d.remote.threadnames import name_threads
+from eagle3d.run import diskguard
+
+if TYPE_CHECKING:
+    from eagle3d.dumps.watcher import DumpWatcher
+    from eagle3d.produce.base import Producer
+    from eagle3d.run.pipeline import Pipeline
+    from eagle3d.run.recorder import Recorder
+    from eagle3d.serve.progress import ProgressLine
+    from eagle3d.serve.telemetry import Telemetry
+
+log = logging.getLogger("eagle3d")
+
+SCAN_EVERY = 5  # ticks between two scans of the dump area
+
+
+class Ticker:
+    """The daemon's clock-driven work; :attr:`pipeline` is set once the pipeline runs."""
+
+    def __init__(
+        self,
+        *,
+        output: str,
+        dump_dir: str,
+        recorder: Recorder,
+        identity: diskguard.OutputIdentity,
+        state: reducer.ShardState,
+        notifier: Any = None,
+        watchdog: Any = None,
+    ) -> None:
+        self.output = output
+        self.dump_dir = dump_dir
+        self.recorder = recorder
+        self.identity = identity
+        self.state = state
+        self.notifier = notifier
+        self.watchdog = watchdog
+        self.producer: Producer | None = None
+        self.pipeline: Pipeline | None = None
+        self.watcher: DumpWatcher | None = None
+        self._telemetry: Telemetry | None = None
+        self._progress: ProgressLine | None = None
+
+    def stats(self, phase: str, producer_rss: bool = False) -> ev.Stats:
+        """One stats record: disk, GPUs, this process, and the producer's health."""
+        from eagle3d.serve.telemetry import Telemetry
+
+        if self._telemetry is None:
+            self._telemetry = Telemetry(self.output, self.dump_dir)
+        p = self.pipeline
+        stats = self._telemetry.sample(
+            producer_health=self.producer.health() if self.producer is not None else None,
+            inflight=len(p.ledger.inflight) if p is not None else 0,
+            orphans=p.orphans if p is not None else 0,
+            producer_rss=producer_rss,
+        )
+        stats.state = phase
+        return stats
+
+    async def while_starting(self, phase: str) -> None:
+        """A stats record a second while the producer starts (the tick runs only after)."""
+        while True:
+            await asyncio.sleep(1.0)
+            self.recorder.append(self.stats(phase, producer_rss=True))
+            self.show()
+
+    async def run(self) -> None:
+        n = 0
+        while True:
+            await asyncio.sleep(1.0)
+            n += 1
+            if not self.tick(time.monotonic(), n):
+                return
+
+    def tick(self, now: float, n: int) -> bool:
+        """One tick; False once the run is over (the output was lost)."""
+        p = self.pipeline
+        assert p is not None and self.producer is not None
+        led = p.ledger
+        gone = self.identity.check()
+        if gone:
+            p.apply(led.lose(gone, now))
+            return False
+        p.apply(led.tick(now, self.producer.health().up))
+        probes = led.probes_due(now)
+        if probes:
+            p.apply(led.probed(diskguard.probe(probes), now))
+        p.read_dump_area(now)  # its room may have grown: the window is asked again
+        if n % SCAN_EVERY == 0 and self.watcher is not None:
+            if self.watcher.rearm():
+                log.warning("dump area %s was removed or replaced: watching it again", self.dump_dir)  # fmt: skip
+            for path in self.watcher.scan():
+                p.dump_arrived(path, now)  # the safety net for a lost inotify event
+        self.recorder.append(self.stats(led.phase))
+        self.heartbeat(now)
+        name_threads()  # the commit pool starts its threads as work comes
+        self.show()
+        return True
+
+    def heartbeat(self, now: float) -> None:
+        """sd_notify's STATUS line, and a watchdog ping while the pipeline is alive."""
+        if self.notifier is None or self.pipeline is None or self.producer is None:
+            return
+        from eagle3d.serve.notify import format_status
+
+        led = self.pipeline.ledger
+        view = reducer.view(self.state, time.time())
+        phase = None if led.phase == "running" else led.phase
+        self.notifier.status(format_status(view, phase))
+        ping = self.watchdog.should_ping(now, led.last_progress, len(led.inflight), led.idle)
+        if ping and not self.producer.is_stuck(now):
+            self.notifier.watchdog()
+
+    def show(self) -> None:
+        """The live progress line on a terminal; a log line every 10 s otherwise."""
+        if self._progress is None:
+            from eagle3d.serve.progress import ProgressLine
+
+            self._progress = ProgressLine.for_daemon()
+        self._progress.update(self.state, time.time())
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.close(self.state, time.time())

@@ -1,0 +1,457 @@
+"""Validate a dump and commit it as a SpecForge-readable sample, atomically.
+
+Commit order per sample: write ``rows_*/.data_<idx>.ckpt.tmp-*`` in the final directory while
+computing the content checksum (in ``torch.save``'s format by :mod:`eagle3d.store.archive`, with
+direct I/O where the filesystem allows it, or by ``torch.save`` itself for samples of 4 GiB
+and more), fdatasync it, rename it to ``data_<idx>.ckpt``, fsync the directory. Only then
+may the caller append ``sample_saved`` to the journal. A crash at any instant leaves the
+sample either complete under its final name, or absent (a stray temp file is removed at the
+next start). :meth:`Committer.commit_many` does this for a batch, with one directory sync
+per row directory for all of it.
+
+The states are written in the job's storage format (:mod:`eagle3d.remote.storedtype`): a dump that
+arrives in another float dtype is cast on its way into the archive (in
+:func:`eagle3d.store.splice.stage`, within the read it already does), and the NaN/Inf check runs
+on what is stored, so a float16 overflow is caught too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import functools
+import itertools
+import logging
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from eagle3proto.paths import TMP_MARK, sample_relpath
+
+from eagle3d.dumps.format import BadDump, Dump, read_dump
+from eagle3d.remote import faults, storedtype
+from eagle3d.remote.storedtype import StoreFormat
+from eagle3d.store import archive as ckpt
+from eagle3d.store import splice
+from eagle3d.store.crc import crc32
+from eagle3d.store.validate import all_finite, validate
+
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger("eagle3d")
+
+# Larger samples are written buffered: a direct write's gathering buffer stays allocated per
+# commit thread, and per-sample overheads matter less at that size.
+DIRECT_MAX = 256 << 20
+
+
+# A temp file written and not yet synced: (descriptor, temp path, directory, final name,
+# relpath, size, checksum).
+_Temp = tuple[int, str, str, str, str, int, str]
+
+
+class CommitError(OSError):
+    """Writing the output failed (the errno says why, e.g. ENOSPC)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    relpath: str
+    nbytes: int
+    checksum: str
+
+
+class ChecksumWriter:
+    """A write-only file object over a descriptor that checksums what passes through it.
+
+    ``torch.save`` writes a sample in dozens of small pieces (zip headers, padding, then the
+    tensor data); pieces under 1 MiB are gathered and written together, so a small sample
+    costs one or two syscalls instead of fifty. Call :meth:`flush` before syncing.
+    """
+
+    BUFFER = 1 << 20
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.crc = 0
+        self.size = 0
+        self._buf = bytearray()
+
+    def write(self, data: Any) -> int:
+        mv = memoryview(data).cast("B")
+        self.crc = crc32(mv, self.crc)
+        n = len(mv)
+        self.size += n
+        if n < self.BUFFER:
+            self._buf += mv
+            if len(self._buf) >= self.BUFFER:
+                self.flush()
+            return n
+        self.flush()
+        self._write_all(mv)
+        return n
+
+    def flush(self) -> None:
+        if self._buf:
+            self._write_all(memoryview(self._buf))
+            self._buf = bytearray()
+
+    def _write_all(self, mv: memoryview) -> None:
+        off, n = 0, len(mv)
+        while off < n:
+            off += os.write(self.fd, mv[off:])
+
+    @property
+    def checksum(self) -> str:
+        return f"crc32:{self.crc:08x}"
+
+
+def _own(t: torch.Tensor) -> torch.Tensor:
+    # torch.save writes whole storages: never let a view drag a larger buffer along.
+    t = t.contiguous()
+    if t.untyped_storage().nbytes() != t.numel() * t.element_size():
+        t = t.clone()
+    return t
+
+
+class Committer:
+    """Writes samples under ``output``; thread-safe (several commit threads share one).
+
+    ``store`` is the storage format of the states (None: as dumped)."""
+
+    def __init__(self, output: str, direct: bool = True, store: StoreFormat | None = None) -> None:
+        self.output = output
+        os.makedirs(output, exist_ok=True)  # here, once: never again under a running job
+        self.store = store
+        # Samples are written with O_DIRECT where the filesystem allows it (see
+        # ckpt.write_direct); the first refusal switches to buffered writes for good.
+        self.direct = direct
+        self._local = threading.local()
+        self._dirs: set[str] = set()
+        self._lock = threading.Lock()
+        self._n = itertools.count()
+
+    def warm_up(self) -> None:
+        """Pay torch's and safetensors' lazy imports at start, not inside the first commits."""
+        import io
+
+        import torch
+        from safetensors.torch import load, save
+
+        x = {"x": torch.zeros(4, dtype=torch.bfloat16)}
+        torch.save(x, io.BytesIO())
+        load(save(x))
+        all_finite(x["x"])
+
+    def clean_temp_files(self, relpaths: list[str]) -> int:
+        """Remove stray temp files in the row directories of ``relpaths`` (no tree walk)."""
+        removed = 0
+        for d in sorted({os.path.dirname(p) for p in relpaths}):
+            full = os.path.join(self.output, d)
+            try:
+                names = os.listdir(full)
+            except FileNotFoundError:
+                continue
+            for name in names:
+                if TMP_MARK in name and name.startswith("."):
+                    os.unlink(os.path.join(full, name))
+                    removed += 1
+        return removed
+
+    def _ensure_dir(self, rel_dir: str) -> str:
+        full = os.path.join(self.output, rel_dir)
+        with self._lock:
+            if rel_dir in self._dirs:
+                return full
+            # mkdir, never makedirs: an output removed or moved under the run must not be
+            # made again here (ENOENT tells the daemon it is gone).
+            try:
+                os.mkdir(full, 0o755)
+                _fsync_dir(self.output)  # make the new directory entry itself durable
+            except FileExistsError:
+                pass
+            self._dirs.add(rel_dir)
+        return full
+
+    def forget_dirs(self) -> None:
+        """Check the row directories again (one was removed under the run)."""
+        with self._lock:
+            self._dirs.clear()
+
+    def commit(
+        self,
+        idx: int,
+        input_ids: list[int],
+        loss_mask: list[int],
+        dump: Dump,
+    ) -> Committed:
+        """Write sample ``idx`` atomically and durably. Raises CommitError on I/O failure."""
+        (result,) = self.commit_many([(idx, input_ids, loss_mask, dump)])
+        if isinstance(result, (CommitError, BadDump)):
+            raise result
+        return result
+
+    def commit_many(
+        self, samples: list[tuple[int, list[int], list[int], Dump]]
+    ) -> list[Committed | CommitError | BadDump]:
+        """Write several samples from loaded dumps, each atomically and durably; one result
+        per sample, in order (a CommitError for each that failed, the others stand).
+
+        The samples' temp files are all written, then each is fdatasync'ed, then all are
+        renamed, then each row directory is fsync'ed once for all its renames: a batch
+        costs one directory sync instead of one per sample. A sample is committed only once
+        its directory sync returned; until then a crash may keep or lose it, and either is
+        consistent (the journal has no record of it yet, so it is redone).
+        """
+        return self._commit(
+            [s[0] for s in samples], [functools.partial(self._write_temp, *s) for s in samples]
+        )
+
+    def commit_files(
+        self,
+        samples: list[tuple[int, list[int], list[int], str]],
+        hidden_size: int,
+        layers: list[int],
+    ) -> list[Committed | CommitError | BadDump]:
+        """As :meth:`commit_many`, from dump files: each is first checked against what was
+        sent (:func:`validate`); a dump that fails is not written, and its result is the
+        BadDump (DumpVanished when the file is gone).
+
+        Dumps of the usual kind go from the file straight into the archive
+        (:mod:`eagle3d.store.splice`); the rest are loaded with safetensors first.
+        """
+        return self._commit(
+            [s[0] for s in samples],
+            [functools.partial(self._write_file, *s, hidden_size, layers) for s in samples],
+        )
+
+    def _commit(
+        self, idxs: list[int], stages: list[Callable[[], _Temp]]
+    ) -> list[Committed | CommitError | BadDump]:
+        out: list[Committed | CommitError | BadDump | None] = [None] * len(idxs)
+        written: list[tuple[int, *_Temp]] = []  # (k, *temp file)
+        try:
+            for k, stage in enumerate(stages):
+                try:
+                    written.append((k, *stage()))
+                except (CommitError, BadDump) as e:
+                    out[k] = e
+        except BaseException:  # a bug: leave no descriptor or temp file behind
+            for _, fd, tmp, *_rest in written:
+                os.close(fd)
+                _unlink_quietly(tmp)
+            raise
+        staged: list[tuple[int, str, str, str, str, int, str]] = []
+        for k, fd, tmp, full_dir, name, rel, size, checksum in written:
+            try:
+                os.fdatasync(fd)
+            except OSError as e:
+                _unlink_quietly(tmp)
+                out[k] = _error(idxs[k], e)
+                continue
+            finally:
+                os.close(fd)
+            faults.kill_point("after_tmp_write")
+            staged.append((k, tmp, full_dir, name, rel, size, checksum))
+        by_dir: dict[str, list[int]] = {}
+        for k, tmp, full_dir, name, rel, size, checksum in staged:
+            try:
+                os.rename(tmp, os.path.join(full_dir, name))
+            except OSError as e:
+                _unlink_quietly(tmp)
+                out[k] = _error(idxs[k], e)
+                continue
+            faults.kill_point("after_rename")
+            by_dir.setdefault(full_dir, []).append(k)
+            out[k] = Committed(rel, size, checksum)
+        for full_dir, ks in by_dir.items():
+            try:
+                _fsync_dir(full_dir)
+            except OSError as e:
+                for k in ks:
+                    out[k] = _error(idxs[k], e)
+        return [r for r in out if r is not None]
+
+    def _write_file(
+        self,
+        idx: int,
+        input_ids: list[int],
+        loss_mask: list[int],
+        path: str,
+        hidden_size: int,
+        layers: list[int],
+    ) -> _Temp:
+        """Check the dump at ``path`` and write it as sample ``idx`` under a temp name (as
+        :meth:`_write_temp`). Raises BadDump for a dump that fails the checks."""
+        staged = splice.stage(
+            path, input_ids, loss_mask, hidden_size, layers, self._buffer(), DIRECT_MAX, self.store
+        )
+        if staged is None:  # not the usual kind, or bad: the general path says why
+            dump = self._stored(read_dump(path))
+            validate(dump, input_ids, hidden_size, layers)
+            return self._write_temp(idx, input_ids, loss_mask, dump)
+        size = staged.written.nbytes
+
+        def write(fd: int, direct: bool) -> tuple[int, str]:
+            self._flush(fd, staged.view, size, direct)
+            return size, f"crc32:{staged.written.crc:08x}"
+
+        return self._new_temp(idx, True, write)
+
+    def _new_temp(
+        self, idx: int, direct_ok: bool, write: Callable[[int, bool], tuple[int, str]]
+    ) -> _Temp:
+        """Create sample ``idx``'s temp file in its row directory (with direct I/O where
+        allowed and ``direct_ok``) and fill it by ``write(fd, direct)``, which returns the
+        size and checksum. The caller fdatasyncs and closes the descriptor. Raises
+        CommitError on I/O failure, leaving no temp file."""
+        rel = sample_relpath(idx)
+        rel_dir, name = os.path.split(rel)
+        try:
+            full_dir = self._ensure_dir(rel_dir)
+            tmp = os.path.join(full_dir, f".{name}{TMP_MARK}{os.getpid()}-{next(self._n)}")
+            direct = self.direct and direct_ok
+            fd = self._open_temp(tmp, direct)
+            try:
+                size, checksum = write(fd, direct and self.direct)
+            except BaseException:
+                os.close(fd)
+                _unlink_quietly(tmp)
+                raise
+        except OSError as e:
+            raise _error(idx, e) from e
+        return fd, tmp, full_dir, name, rel, size, checksum
+
+    def _buffer(self) -> ckpt.DirectBuffer:
+        buf = getattr(self._local, "buf", None)
+        if buf is None:
+            buf = self._local.buf = ckpt.DirectBuffer()
+        return buf
+
+    def _flush(self, fd: int, view: memoryview, size: int, direct: bool) -> None:
+        try:
+            ckpt.flush_direct(fd, view, size)
+        except OSError as e:
+            if e.errno != errno.EINVAL or not direct:
+                raise
+            self._no_direct(f"write: {e}")
+            # The same file, buffered from the start.
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+            os.ftruncate(fd, 0)
+            ckpt.flush_direct(fd, view, size)
+
+    def _stored(self, dump: Dump) -> Dump:
+        """The dump with its states in the storage format (the same object if they are)."""
+        if self.store is None:
+            return dump
+        aux = dump.aux_hidden_state
+        hid = dump.hidden_state
+        if not (aux.is_floating_point() and hid.is_floating_point()):
+            return dump  # validate() words it
+        dump.aux_hidden_state = storedtype.cast(aux, self.store)
+        dump.hidden_state = storedtype.cast(hid, self.store)
+        return dump
+
+    def _write_temp(
+        self, idx: int, input_ids: list[int], loss_mask: list[int], dump: Dump
+    ) -> _Temp:
+        """Write sample ``idx`` from a loaded dump under a temp name (see :meth:`_new_temp`),
+        its states in the storage format.
+
+        Returns (descriptor, temp path, directory, final name, relpath, size, checksum)."""
+        import torch
+
+        dump = self._stored(dump)
+        payload = {
+            "input_ids": torch.tensor(input_ids, dtype=torch.int64),
+            "loss_mask": torch.tensor(loss_mask, dtype=torch.int64),
+            "hidden_state": dump.hidden_state.contiguous().unsqueeze(0),
+            "aux_hidden_state": dump.aux_hidden_state.contiguous().unsqueeze(0),
+        }
+        fits = ckpt.fits(payload)
+
+        def write(fd: int, direct: bool) -> tuple[int, str]:
+            if fits:
+                written = self._write_archive(fd, payload, direct)
+                return written.nbytes, f"crc32:{written.crc:08x}"
+            # 4 GiB and up: torch's own zip64 writer
+            w = ChecksumWriter(fd)
+            _save(torch, {k: _own(t) for k, t in payload.items()}, w)
+            return w.size, w.checksum
+
+        return self._new_temp(idx, fits and _nbytes(payload) <= DIRECT_MAX, write)
+
+    def _open_temp(self, tmp: str, direct: bool) -> int:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+        if direct:
+            try:
+                return os.open(tmp, flags | os.O_DIRECT, 0o644)
+            except OSError as e:
+                if e.errno != errno.EINVAL:
+                    raise
+                self._no_direct(f"open: {e}")  # no direct I/O here (an older kernel's tmpfs)
+        return os.open(tmp, flags, 0o644)
+
+    def _write_archive(self, fd: int, payload: dict[str, Any], direct: bool) -> ckpt.Written:
+        if direct:
+            try:
+                return ckpt.write(fd, payload, direct=self._buffer())
+            except OSError as e:
+                if e.errno != errno.EINVAL:
+                    raise
+                self._no_direct(f"write: {e}")
+                # The same file, buffered from the start.
+                fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+                os.ftruncate(fd, 0)
+                os.lseek(fd, 0, os.SEEK_SET)
+        return ckpt.write(fd, payload)
+
+    def _no_direct(self, why: str) -> None:
+        if self.direct:
+            self.direct = False
+            log.info("direct I/O refused under %s (%s): buffered writes", self.output, why)
+
+
+def _nbytes(payload: dict[str, Any]) -> int:
+    return sum(t.numel() * t.element_size() for t in payload.values())
+
+
+def _error(idx: int, e: OSError) -> CommitError:
+    return CommitError(e.errno or 5, f"commit of sample {idx} failed: {e.strerror or e}")
+
+
+def _save(torch: Any, payload: dict[str, Any], w: ChecksumWriter) -> None:
+    """``torch.save`` that lets a failed write's OSError (and its errno) through.
+
+    When a write fails (ENOSPC, EIO), torch's zip writer raises a RuntimeError ("unexpected
+    pos") while closing, with the OSError only as its context. Without this, a full disk
+    looked like an internal error: the sample was retried and then failed for good instead
+    of the daemon pausing.
+    """
+    try:
+        torch.save(payload, w)
+        w.flush()
+    except RuntimeError as e:
+        cause: BaseException | None = e.__context__
+        while cause is not None and not isinstance(cause, OSError):
+            cause = cause.__context__
+        if cause is not None:
+            raise cause from e
+        raise
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _unlink_quietly(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)

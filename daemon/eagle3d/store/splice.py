@@ -1,0 +1,168 @@
+"""Move a dump's tensors into their sample archive without unpacking them.
+
+The general commit path loads a dump with safetensors into fresh tensors, checks them,
+builds an archive around them (:mod:`eagle3d.store.archive`) and gathers it into the commit thread's
+direct-I/O buffer: three copies of the data, a dozen tensor objects and their page faults
+per sample. Here the dump's header is read, the archive's layout (:func:`ckpt.plan`, cached
+per shape) is laid out in that buffer, and each tensor's bytes are read (``preadv``) straight
+into their slot, where they are checked and from where they are written. The checks are
+:func:`eagle3d.store.validate.validate`'s and the file is byte for byte the general path's (but for
+its random serialization id).
+
+On a CPU producer the daemon's commits run beside the forward on the same cores, so what
+they cost is taken from the forward (docs/benchmarks.md).
+
+A dump in another float dtype than the job's storage format (:mod:`eagle3d.remote.storedtype`) is
+cast within that read: its bytes come in cache-sized chunks into a small reused buffer and
+are cast from there into their slot, so the data still crosses memory once. The NaN/Inf
+check runs on the slot, on what is stored.
+
+Anything unusual (another dtype, a garbled header, a failed check) makes :func:`stage`
+return None: the caller then takes the general path, which reads the dump with safetensors
+and words the error. The fast path never has to describe a bad dump.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from array import array
+from dataclasses import dataclass
+from typing import Any
+
+from eagle3d.dumps.format import BadDump, read_header, vanished
+from eagle3d.remote.dumpfile import FORMAT
+from eagle3d.remote.storedtype import StoreFormat
+from eagle3d.store import archive as ckpt
+
+# safetensors dtype -> torch dtype name, for the states (the ids are I64).
+_STATES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
+_NAMES = {"input_ids", "aux_hidden_state", "hidden_state"}
+
+
+@dataclass(frozen=True, slots=True)
+class Staged:
+    """A sample archive complete in a buffer: write ``view[:written.nbytes]``."""
+
+    view: memoryview
+    written: ckpt.Written
+
+
+def stage(
+    path: str,
+    sent_ids: list[int],
+    loss_mask: list[int],
+    hidden_size: int,
+    layers: list[int],
+    buf: ckpt.DirectBuffer,
+    limit: int,
+    store: StoreFormat | None = None,
+) -> Staged | None:
+    """Build the sample archive of the dump at ``path`` in ``buf``, checked against what
+    was sent, its states in ``store`` (None: as dumped); None when the dump needs the
+    general path (see the module's docstring), or when the archive would exceed ``limit``
+    bytes. Raises DumpVanished if the file is gone.
+    """
+    import torch
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError as e:
+        raise vanished(path) from e
+    try:
+        h = read_header(fd)
+        if h.meta.get("format") != FORMAT or set(h.tensors) != _NAMES:
+            return None
+        if h.meta.get("layers") and h.meta["layers"] != ",".join(map(str, layers)):
+            return None
+        t = len(sent_ids)
+        ids, aux, hid = (h.tensors[k] for k in ("input_ids", "aux_hidden_state", "hidden_state"))
+        if ids[:2] != ("I64", (t,)) or aux[0] != hid[0] or hid[0] not in _STATES:
+            return None
+        if aux[1] != (t, len(layers) * hidden_size) or hid[1] != (t, hidden_size):
+            return None
+        code = store.safetensors if store is not None else hid[0]
+        if code not in _STATES:
+            return None
+        dtype = getattr(torch, _STATES[code])
+        spec = (
+            ("input_ids", torch.int64, (t,)),
+            ("loss_mask", torch.int64, (t,)),
+            ("hidden_state", dtype, (1, t, hidden_size)),
+            ("aux_hidden_state", dtype, (1, t, len(layers) * hidden_size)),
+        )
+        plan = ckpt.plan(spec)
+        if plan.total > limit or len(loss_mask) != t:
+            return None
+        view = buf.view(plan.total)
+        ckpt.fill(plan, view)
+        (ids_at, n_ids), (mask_at, _), (hid_at, n_hid), (aux_at, n_aux) = plan.slots
+        *_, begin, end = ids
+        if end - begin != n_ids or os.preadv(fd, [view[ids_at : ids_at + n_ids]], begin) != n_ids:
+            return None
+        for (src, *_, begin, end), at, n in ((hid, hid_at, n_hid), (aux, aux_at, n_aux)):
+            if src == code:
+                if end - begin != n or os.preadv(fd, [view[at : at + n]], begin) != n:
+                    return None
+            elif not _read_cast(fd, begin, end, src, view[at : at + n], code):
+                return None
+        if bytes(view[ids_at : ids_at + n_ids]) != array("q", sent_ids).tobytes():
+            return None
+        view[mask_at : mask_at + 8 * t] = memoryview(array("q", loss_mask)).cast("B")
+        for at, n in ((hid_at, n_hid), (aux_at, n_aux)):
+            if not finite(view[at : at + n], code):
+                return None
+        return Staged(view, ckpt.seal(plan, view))
+    except BadDump:  # a garbled header: the general path words it
+        return None
+    finally:
+        os.close(fd)
+
+
+_SIZES = {"F32": 4, "BF16": 2, "F16": 2}
+#: Source bytes per chunk of a cast read: small enough to stay in the core's cache between
+#: the read and the cast, large enough that the per-chunk calls cost nothing.
+CAST_CHUNK = 256 << 10
+_scratch = threading.local()
+
+
+def _read_cast(fd: int, begin: int, end: int, src: str, out: memoryview, dst: str) -> bool:
+    """Read the ``src``-typed floats at ``[begin, end)`` of ``fd`` into ``out`` as ``dst``,
+    chunk by chunk through a reused buffer; False if the sizes do not match (a short read)."""
+    import torch
+
+    n = (end - begin) // _SIZES[src]
+    if n * _SIZES[src] != end - begin or n * _SIZES[dst] != len(out):
+        return False
+    buf = getattr(_scratch, "buf", None)
+    if buf is None:
+        buf = _scratch.buf = bytearray(CAST_CHUNK)
+    src_t, dst_t = getattr(torch, _STATES[src]), getattr(torch, _STATES[dst])
+    step = CAST_CHUNK // _SIZES[src]
+    for i in range(0, n, step):
+        k = min(step, n - i)
+        chunk = memoryview(buf)[: k * _SIZES[src]]
+        if os.preadv(fd, [chunk], begin + i * _SIZES[src]) != len(chunk):
+            return False
+        part = out[i * _SIZES[dst] : (i + k) * _SIZES[dst]]
+        torch.frombuffer(part, dtype=dst_t).copy_(torch.frombuffer(chunk, dtype=src_t))
+    return True
+
+
+def finite(raw: Any, dtype: str) -> bool:
+    """True when the little-endian floats in ``raw`` (safetensors ``dtype``) hold no NaN
+    or Inf; see :func:`eagle3d.store.validate.all_finite`."""
+    import numpy as np
+    import torch
+
+    from eagle3d.store.validate import finite_bits
+
+    if dtype == "F32":
+        # A NaN or an Inf makes the sum NaN or infinite whatever the order of additions: a
+        # finite sum proves every element finite (an overflowing one is decided below).
+        # torch's sum, over the same memory: a third of numpy's time here.
+        if math.isfinite(torch.frombuffer(raw, dtype=torch.float32).sum()):
+            return True
+        return finite_bits(np.frombuffer(raw, np.int32), 0x7F800000)
+    return finite_bits(np.frombuffer(raw, np.int16), 0x7F80 if dtype == "BF16" else 0x7C00)

@@ -1,0 +1,87 @@
+"""A dump checked against what was sent: ids, shapes, layers, and no NaN or Inf. Pure but for
+the tensors it reads; the errors say what is wrong (:class:`~eagle3d.dumps.format.BadDump`)."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from eagle3d.dumps.format import BadDump, Dump
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+
+def validate(dump: Dump, sent_ids: list[int], hidden_size: int, layers: list[int]) -> None:
+    """Check a dump against what was sent. Raises BadDump naming the problem."""
+    import torch
+
+    t = len(sent_ids)
+    ids = dump.input_ids
+    if ids.dim() != 1 or ids.shape[0] != t:
+        raise BadDump(f"input_ids has shape {tuple(ids.shape)}, sent {t} tokens")
+    if not torch.equal(ids.to(torch.int64), torch.tensor(sent_ids, dtype=torch.int64)):
+        bad = int((ids.to(torch.int64) != torch.tensor(sent_ids)).nonzero()[0, 0])
+        raise BadDump(f"input_ids differ from what was sent (first at position {bad})")
+    want_aux = (t, len(layers) * hidden_size)
+    if tuple(dump.aux_hidden_state.shape) != want_aux:
+        raise BadDump(
+            f"aux_hidden_state has shape {tuple(dump.aux_hidden_state.shape)}, want {want_aux}"
+        )
+    if tuple(dump.hidden_state.shape) != (t, hidden_size):
+        raise BadDump(
+            f"hidden_state has shape {tuple(dump.hidden_state.shape)}, want {(t, hidden_size)}"
+        )
+    if dump.layers and dump.layers != layers:
+        raise BadDump(f"dump captured layers {dump.layers}, job wants {layers}")
+    for name in ("aux_hidden_state", "hidden_state"):
+        x = getattr(dump, name)
+        if not x.is_floating_point():
+            raise BadDump(f"{name} has dtype {x.dtype}, want a float type")
+        if not all_finite(x):
+            raise BadDump(f"{name} contains NaN or Inf")
+
+
+# (integer view, exponent mask): a float is NaN/Inf exactly when all its exponent bits are set.
+_EXPONENT = {
+    "bfloat16": ("int16", 0x7F80),
+    "float16": ("int16", 0x7C00),
+    "float32": ("int32", 0x7F800000),
+}
+
+
+def all_finite(x: torch.Tensor, chunk: int = 1 << 20) -> bool:
+    """True when no element is NaN or Inf.
+
+    ``torch.isfinite`` on bf16 runs at ~150 MB/s on CPUs without native bf16; testing the
+    exponent bits of an integer view with numpy runs near memory speed and is exact.
+    """
+    import torch
+
+    # One vectorised pass first: a NaN or an Inf makes the sum NaN or infinite whatever the
+    # order of the additions, so a finite sum proves every element finite. A sum that is not
+    # finite (a NaN or Inf, or finite values large enough to overflow) is decided below.
+    fast = x.dtype in (torch.float32, torch.float64) and x.device.type == "cpu"
+    if fast and math.isfinite(float(x.sum())):
+        return True
+    spec = _EXPONENT.get(str(x.dtype).removeprefix("torch."))
+    if spec is None or x.device.type != "cpu":
+        return bool(torch.isfinite(x).all())
+    bits = x.contiguous().reshape(-1).view(getattr(torch, spec[0])).numpy()
+    return finite_bits(bits, spec[1], chunk)
+
+
+def finite_bits(bits: np.ndarray, mask: int, chunk: int = 1 << 20) -> bool:
+    """True when no element of ``bits`` (floats viewed as integers) has every bit of the
+    exponent ``mask`` set, i.e. none is NaN or Inf."""
+    import numpy as np
+
+    tmp = np.empty(min(chunk, bits.size), dtype=bits.dtype)
+    for i in range(0, bits.size, chunk):  # cache-sized chunks, one reused temporary
+        part = bits[i : i + chunk]
+        t = tmp[: part.size]
+        np.bitwise_and(part, mask, out=t)
+        if (t == mask).any():
+            return False
+    return True

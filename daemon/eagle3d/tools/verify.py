@@ -1,0 +1,362 @@
+"""``eagle3d verify``: check every committed sample against the journal.
+
+For each ``sample saved`` record of every shard journal under ``OUTPUT/.eagle3d``: the file
+exists, its size and checksum match the record, and it loads with the right keys, dtypes and
+shapes, its states in the storage dtype of the session that saved it (``job.store_dtype``
+of its ``run_started``; journals from before that field are not checked for it). The output
+tree is never listed: the journal says what should exist.
+
+``--repair`` journals each damaged or missing committed sample as ``sample_invalid`` in its
+shard's journal (its file, if any, moved aside under ``OUTPUT/.eagle3d/damaged/``, never
+deleted), so that the next ``eagle3d run`` with the same command extracts exactly those
+again. It takes the shard's lock: a daemon running that shard must be stopped first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from eagle3proto import events as ev
+from eagle3proto import paths
+from eagle3proto.journal import JournalWriter, replay
+from eagle3proto.paths import Shard
+
+from eagle3d.exitcodes import Fatal
+from eagle3d.remote import storedtype
+from eagle3d.run.preflight import ShardLock
+from eagle3d.store.crc import file_checksum
+
+
+@dataclass(slots=True)
+class ShardReport:
+    shard: str
+    total: int = -1
+    saved: int = 0
+    failed: int = 0
+    finished: bool = False
+    journal_problems: list[str] = field(default_factory=list)
+    journal_fatal: bool = False
+    store_dtype: str = ""  # of the shard's samples; "a, b" after a forced resume changed it
+
+
+@dataclass(slots=True)
+class VerifyReport:
+    """What verify found; :attr:`exit_code` is the documented exit status."""
+
+    output: str
+    shards: list[ShardReport] = field(default_factory=list)
+    checked: int = 0
+    bytes_checked: int = 0
+    problems: list[str] = field(default_factory=list)
+    #: sample id -> its problem, for the committed samples found damaged or missing
+    damaged: dict[int, str] = field(default_factory=dict)
+    saved_records: dict[int, ev.SampleSaved] = field(default_factory=dict)
+    repaired: list[str] = field(default_factory=list)  # what --repair did
+    repair_error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        if not self.shards or self.repaired or self.repair_error:
+            return False
+        return not self.problems and not any(s.journal_fatal for s in self.shards)
+
+    @property
+    def exit_code(self) -> int:
+        """0: consistent; 1: a problem was found (repaired or not); 2: no journal under
+        the output."""
+        if not self.shards:
+            return 2
+        return 0 if self.ok else 1
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "output": self.output,
+            "ok": self.ok,
+            "repaired": self.repaired,
+            "repair_error": self.repair_error,
+            "exit_code": self.exit_code,
+            "checked": self.checked,
+            "bytes_checked": self.bytes_checked,
+            "saved": sum(s.saved for s in self.shards),
+            "failed": sum(s.failed for s in self.shards),
+            "problems": self.problems,
+            "shards": [
+                {
+                    "shard": s.shard,
+                    "total": s.total,
+                    "saved": s.saved,
+                    "failed": s.failed,
+                    "pending": max(s.total - s.saved - s.failed, 0) if s.total >= 0 else None,
+                    "finished": s.finished,
+                    "store_dtype": s.store_dtype,
+                    "journal_problems": s.journal_problems,
+                }
+                for s in self.shards
+            ],
+        }
+
+    def __str__(self) -> str:
+        lines = [f"eagle3d verify {self.output}"]
+        if not self.shards:
+            lines.append(f"  no eagle3d journal under {self.output}/{paths.STATE_DIR}")
+            lines.append("NOTHING TO VERIFY")
+            return "\n".join(lines)
+        for s in self.shards:
+            pending = max(s.total - s.saved - s.failed, 0)
+            state = "finished" if s.finished else f"{pending} pending"
+            stored = f", states {s.store_dtype}" if s.store_dtype else ""
+            lines.append(
+                f"  {s.shard}: {s.saved} saved, {s.failed} failed of {s.total} ({state}{stored})"
+            )
+            lines.extend(f"    journal: {p}" for p in s.journal_problems)
+        gib = self.bytes_checked / (1 << 30)
+        lines.append(f"  checked {self.checked} file(s), {gib:.2f} GiB")
+        if self.problems:
+            lines.append(f"  {len(self.problems)} problem(s):")
+            lines.extend(f"    {p}" for p in self.problems[:50])
+            if len(self.problems) > 50:
+                lines.append(f"    ... and {len(self.problems) - 50} more (see --json)")
+        if self.repair_error:
+            lines.append(f"  not repaired: {self.repair_error}")
+        if self.repaired:
+            lines.append(f"  repaired {len(self.repaired)} sample(s):")
+            lines.extend(f"    {r}" for r in self.repaired[:50])
+            lines.append("  rerun the same `eagle3d run` command to extract them again")
+            lines.append("REPAIRED")
+        else:
+            lines.append("OK" if self.ok else "INCONSISTENT")
+        return "\n".join(lines)
+
+
+def check_sample(
+    output: str, rec: ev.SampleSaved, quick: bool = False, store_dtype: str = ""
+) -> str | None:
+    """Check one committed sample (its states in ``store_dtype``, unless ''); returns a
+    problem description or None."""
+    path = os.path.join(output, rec.path)
+    if rec.path != paths.sample_relpath(rec.idx):
+        return f"sample {rec.idx}: journal path {rec.path} is not {paths.sample_relpath(rec.idx)}"
+    try:
+        size = os.path.getsize(path)
+    except FileNotFoundError:
+        return f"sample {rec.idx}: {rec.path} is missing"
+    if size != rec.bytes:
+        return f"sample {rec.idx}: {rec.path} has {size} bytes, journal says {rec.bytes}"
+    if quick:
+        return None
+    _, checksum = file_checksum(path)
+    if checksum != rec.checksum:
+        return f"sample {rec.idx}: {rec.path} checksum {checksum}, journal says {rec.checksum}"
+    return _check_tensors(path, rec, store_dtype)
+
+
+def _check_tensors(path: str, rec: ev.SampleSaved, store_dtype: str) -> str | None:
+    import torch
+
+    try:
+        d = torch.load(path, mmap=True, weights_only=True)
+    except Exception as e:
+        return f"sample {rec.idx}: {rec.path} does not load ({type(e).__name__}: {e})"
+    want = {"input_ids", "loss_mask", "hidden_state", "aux_hidden_state"}
+    if not isinstance(d, dict) or set(d) != want:
+        return f"sample {rec.idx}: keys {sorted(d) if isinstance(d, dict) else type(d)}"
+    t = rec.tokens
+    ids, mask, hid, aux = d["input_ids"], d["loss_mask"], d["hidden_state"], d["aux_hidden_state"]
+    if tuple(ids.shape) != (t,) or ids.dtype != torch.int64:
+        return f"sample {rec.idx}: input_ids {tuple(ids.shape)} {ids.dtype}, want ({t},) int64"
+    if tuple(mask.shape) != (t,):
+        return f"sample {rec.idx}: loss_mask {tuple(mask.shape)}, want ({t},)"
+    if hid.dim() != 3 or hid.shape[:2] != (1, t):
+        return f"sample {rec.idx}: hidden_state {tuple(hid.shape)}, want (1, {t}, H)"
+    h = hid.shape[2]
+    if aux.dim() != 3 or aux.shape[:2] != (1, t) or aux.shape[2] % h or aux.shape[2] == h:
+        return (
+            f"sample {rec.idx}: aux_hidden_state {tuple(aux.shape)}, want (1, {t}, kH) with H={h}"
+        )
+    if not store_dtype:
+        return None
+    try:
+        stored = storedtype.get(store_dtype).torch_dtype
+    except ValueError as e:
+        return f"sample {rec.idx}: {e} (in the journal's run_started record)"
+    for name, x in (("hidden_state", hid), ("aux_hidden_state", aux)):
+        got = str(x.dtype).removeprefix("torch.")
+        if got != stored:
+            return f"sample {rec.idx}: {name} is {got}, the job stores {store_dtype}"
+    return None
+
+
+class _ShardFold:
+    """Folds one shard's journal into what verify needs."""
+
+    def __init__(self, sr: ShardReport, problems: list[str]) -> None:
+        self.sr = sr
+        self.problems = problems
+        self.saved: dict[int, ev.SampleSaved] = {}
+        self.failed: set[int] = set()
+        self.store = ""  # the storage dtype of the session being read
+        self.stores: dict[int, str] = {}  # idx -> the storage dtype it was saved in
+
+    def sink(self, batch: list[ev.AnyEvent]) -> None:
+        for e in batch:
+            if isinstance(e, ev.SampleSaved):
+                if e.idx in self.saved:
+                    self.problems.append(f"sample {e.idx}: saved twice in {self.sr.shard}")
+                self.saved[e.idx] = e
+                self.stores[e.idx] = self.store
+                self.failed.discard(e.idx)
+            elif isinstance(e, ev.SampleInvalid):  # repaired: no longer saved, redone
+                self.saved.pop(e.idx, None)
+            elif isinstance(e, ev.SampleFailed):  # the latest record of a sample wins
+                if e.retry:
+                    self.failed.discard(e.idx)
+                else:
+                    self.failed.add(e.idx)
+            elif isinstance(e, ev.RunStarted):
+                self.sr.total = e.total
+                self.sr.finished = False
+                self.store = e.job.store_dtype
+            elif isinstance(e, ev.RunFinished):
+                self.sr.finished = True
+
+
+def verify(output: str, *, quick: bool = False, jobs: int = 4) -> VerifyReport:
+    """Verify an output directory (all shards)."""
+    report = VerifyReport(os.path.abspath(output))
+    saved: dict[int, ev.SampleSaved] = {}
+    stores: dict[int, str] = {}
+    for shard, jdir in paths.shard_dirs(output):
+        sr = ShardReport(shard.name)
+        fold = _ShardFold(sr, report.problems)
+        rep = replay(jdir, fold.sink)
+        sr.journal_problems = [p.describe() for p in rep.problems]
+        sr.journal_fatal = rep.stopped_early
+        if rep.stopped_early:
+            report.problems.extend(f"{shard.name} journal: {p}" for p in sr.journal_problems)
+        shard_saved, failed = fold.saved, fold.failed
+        for idx in shard_saved:
+            if not shard.owns(idx):
+                report.problems.append(
+                    f"sample {idx}: saved by {shard.name}, which does not own it"
+                )
+            if idx in saved:
+                report.problems.append(f"sample {idx}: saved by more than one shard")
+        saved.update(shard_saved)
+        stores.update(fold.stores)
+        sr.store_dtype = ", ".join(sorted({fold.stores[i] for i in shard_saved} - {""}))
+        sr.saved = len(shard_saved)
+        sr.failed = len(failed - set(shard_saved))
+        report.shards.append(sr)
+    records = sorted(saved.values(), key=lambda r: r.idx)
+    with ThreadPoolExecutor(max(1, jobs)) as pool:
+        for rec, problem in zip(
+            records,
+            pool.map(lambda r: check_sample(output, r, quick, stores[r.idx]), records),
+            strict=True,
+        ):
+            report.checked += 1
+            report.bytes_checked += rec.bytes
+            if problem:
+                report.problems.append(problem)
+                report.damaged[rec.idx] = problem
+    report.saved_records = saved
+    return report
+
+
+def repair(report: VerifyReport) -> None:
+    """Journal each damaged or missing sample of ``report`` as invalid in its shard's
+    journal, its file (if any) moved aside. Fills ``report.repaired``; a shard whose daemon
+    is running is left alone (``report.repair_error``)."""
+    output = report.output
+    by_shard: dict[Shard, list[int]] = {}
+    for shard, _ in paths.shard_dirs(output):
+        ids = sorted(i for i in report.damaged if shard.owns(i))
+        if ids:
+            by_shard[shard] = ids
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for shard, ids in by_shard.items():
+        lock = ShardLock(paths.lock_path(output, shard))
+        try:
+            lock.acquire()
+        except Fatal as e:
+            report.repair_error = f"{shard.name}: {e}; stop it, then repair"
+            continue
+        try:
+            writer = JournalWriter(
+                paths.journal_dir(output, shard),
+                shard_index=shard.index,
+                shard_count=shard.count,
+                background=False,
+            )
+            writer.open()
+            try:
+                for idx in ids:
+                    rec = report.saved_records[idx]
+                    kept = _move_aside(output, rec.path, stamp)
+                    writer.append(
+                        ev.SampleInvalid(
+                            idx=idx, path=rec.path, reason=report.damaged[idx], kept=kept
+                        )
+                    )
+                    where = f"moved to {kept}" if kept else "no file"
+                    report.repaired.append(f"sample {idx}: {report.damaged[idx]} ({where})")
+            finally:
+                writer.close()
+        finally:
+            lock.release()
+
+
+def _move_aside(output: str, relpath: str, stamp: str) -> str:
+    """Move a damaged sample file to OUTPUT/.eagle3d/damaged/<relpath>.<stamp>; '' when
+    there is no file. Never deletes: the bytes stay for whoever wants to look."""
+    src = os.path.join(output, relpath)
+    if not os.path.lexists(src):
+        return ""
+    dst = os.path.join(paths.state_dir(output), "damaged", f"{relpath}.{stamp}")
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    os.rename(src, dst)
+    return os.path.relpath(dst, output)
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "verify",
+        help="check every committed sample against the journal",
+        description="Check each sample the journal says is saved: present, size and checksum "
+        "match, tensors load with the right shapes. Exit 0 only if all is consistent "
+        "(1: a problem was found, or repaired; 2: no journal under --output). "
+        "--repair journals damaged or missing samples as invalid (files moved aside to "
+        "OUTPUT/.eagle3d/damaged/, never deleted); the next `eagle3d run` redoes them.",
+    )
+    p.add_argument("--output", "-o", required=True, help="output directory of a job")
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p.add_argument("--quick", action="store_true", help="sizes only: skip checksums and loads")
+    p.add_argument("--jobs", type=int, default=4, help="files checked in parallel")
+    p.add_argument(
+        "--repair",
+        action="store_true",
+        help="journal damaged or missing samples as invalid so that the next run redoes them",
+    )
+    p.set_defaults(func=cmd_verify)
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    report = verify(args.output, quick=args.quick, jobs=args.jobs)
+    if args.repair and report.damaged:
+        repair(report)
+    if args.json:
+        sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")
+    else:
+        print(report)
+    if not report.shards:
+        print(f"no eagle3d journal under {args.output}/{paths.STATE_DIR}", file=sys.stderr)
+    return report.exit_code
+
+
+__all__ = ["VerifyReport", "check_sample", "register", "repair", "verify"]
