@@ -35,9 +35,9 @@ def main() -> int:
     a = p.parse_args()
 
     import torch
-    from eagle3d.store.committer import Committer
     from eagle3d.dumps.format import read_dump
     from eagle3d.remote.dumpfile import write_dump
+    from eagle3d.store.committer import Committer
     from eagle3proto import events as ev
     from eagle3proto.journal import JournalWriter
 

@@ -232,8 +232,8 @@ def load_for_bare(model: Path, device: str = "cpu", dtype: str = "float32") -> t
     settings included)."""
     import torch
     from eagle3d.remote.dumpfile import default_aux_layers
-    from eagle3d.remote.hf_worker import Capture
     from eagle3d.remote.hf_batching import tune_malloc
+    from eagle3d.remote.hf_worker import Capture
     from transformers import AutoModelForCausalLM
 
     tune_malloc()
@@ -338,8 +338,8 @@ def _bare_part(argv: list[str]) -> int:
 def story_save(dump_dir: Path, rid: str, target: Path) -> None:
     """The serial script's tail: wait for the dump, load it, ``torch.save`` it, delete it."""
     import torch
-    from eagle3d.remote.dumpfile import dump_path
     from eagle3d.dumps.format import read_dump
+    from eagle3d.remote.dumpfile import dump_path
 
     path = dump_path(str(dump_dir), rid)
     while not os.path.exists(path):
@@ -396,9 +396,9 @@ def serial_synthetic(model: Path, data: str, out: Path, latency: float, n: int) 
     """The seed story's loop against the GPU-like synthetic producer (same knobs)."""
     import asyncio
 
+    from eagle3d.core.sample import Request
     from eagle3d.ingest.chat import ChatEncoder
     from eagle3d.ingest.dataset import iter_lines, parse_line
-    from eagle3d.core.sample import Request
     from eagle3d.produce.synthetic import SyntheticProducer
 
     cfg = json.loads((model / "config.json").read_text())

@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
 import sglang_standin as st  # noqa: E402
 from eagle3d.remote import sglang_hook as sh  # noqa: E402
-from eagle3d.remote import sglang_rid as sr
+from eagle3d.remote import sglang_rid as sr  # noqa: E402
 from eagle3d.tools.tinymodel import build_tiny_model  # noqa: E402
 
 

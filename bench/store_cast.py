@@ -44,8 +44,8 @@ def main() -> int:
 
     import torch
     from eagle3d.remote import storedtype
-    from eagle3d.store.committer import Committed, Committer
     from eagle3d.remote.dumpfile import write_dump
+    from eagle3d.store.committer import Committed, Committer
 
     torch.set_num_threads(1)
     bf16 = storedtype.FORMATS["bfloat16"]

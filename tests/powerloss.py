@@ -148,14 +148,14 @@ def launch(log_path: str, argv: list[str]) -> int:
                 self._os = ForgetfulFileOps(log_path)
 
     recorder.FaultFileOps = FaultForgetful  # type: ignore[misc]
-    original = runner.Daemon._published
+    original = daemon.Daemon._published
 
-    def published(self: runner.Daemon, e: Any) -> None:
+    def published(self: daemon.Daemon, e: Any) -> None:
         if getattr(e, "kind", "") in ("sample_saved", "sample_failed"):
             notes.note("published", e.kind, e.idx, e.seq)
         original(self, e)
 
-    runner.Daemon._published = published
+    daemon.Daemon._published = published  # type: ignore[method-assign]
     return cli.main(argv)
 
 

@@ -1,5 +1,5 @@
 """Bad input and a bad environment: clear messages naming the file, line or key, and the exit
-codes documented in ``eagle3d run --help`` (:data:`eagle3d.cli.EXIT_CODES`).
+codes documented in ``eagle3d run --help`` (:func:`eagle3d.exitcodes.help_text`).
 
 Malformed lines fail one sample each (recorded with the line number) and the run goes on;
 a bad model, output, config, a changed dataset or a second daemon end the run at once with
@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 import runkit
-from eagle3d.cli import EXIT_CODES
+from eagle3d.exitcodes import help_text
 
 DEMO_LINES = runkit.DEMO.read_text(encoding="utf-8").splitlines()
 
 
 def _codes() -> dict[int, str]:
     out = {}
-    for line in EXIT_CODES.splitlines()[1:]:
+    for line in help_text().splitlines()[1:]:
         code, _, text = line.strip().partition(" ")
         if code.isdigit():
             out[int(code)] = text.strip()

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 import torch
+from eagle3d.dumps.format import Dump
 from eagle3d.store import archive as ckpt
 from eagle3d.store.committer import Committer
 from eagle3d.store.crc import file_checksum
-from eagle3d.dumps.format import Dump
 
 
 def _sample(t: int, h: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:

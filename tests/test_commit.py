@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from eagle3d.dumps.format import Dump
 from eagle3d.store import committer as commit
 from eagle3d.store.committer import CommitError, Committed, Committer
-from eagle3d.store.validate import all_finite
 from eagle3d.store.crc import file_checksum
-from eagle3d.dumps.format import Dump
+from eagle3d.store.validate import all_finite
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from eagle3d import config
 from eagle3d.config import ConfigError, JobConfig
+from eagle3d.remote.dumpfile import default_aux_layers
 from eagle3proto.paths import Shard
 
 

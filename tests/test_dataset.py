@@ -8,7 +8,16 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
-from eagle3d.ingest.dataset import BadSample, Conversation, PreTokenized, Turn, count_lines, iter_lines, iter_samples, parse_line
+from eagle3d.ingest.dataset import (
+    BadSample,
+    Conversation,
+    PreTokenized,
+    Turn,
+    count_lines,
+    iter_lines,
+    iter_samples,
+    parse_line,
+)
 
 DEMO = Path(__file__).resolve().parent.parent / "daemon" / "eagle3d" / "data" / "demo.jsonl"
 

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 import runkit
-from eagle3d.store.committer import CommitError, Committer
 from eagle3d.dumps.format import Dump
+from eagle3d.store.committer import CommitError, Committer
 
 
 def _mount(path: Path, size: str) -> bool:

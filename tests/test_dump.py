@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from eagle3d.remote.dumpfile import FORMAT, write_dump
 from eagle3d.dumps.format import BadDump, DumpVanished, read_dump
+from eagle3d.remote.dumpfile import FORMAT, write_dump
 from safetensors import safe_open
 from safetensors.torch import load_file
 

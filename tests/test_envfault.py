@@ -7,8 +7,7 @@ import errno
 import os
 
 import pytest
-from eagle3d.core import envfault
-from eagle3d.run import job
+from eagle3d.core import envfault, resume
 from eagle3d.core.envfault import DUMPS, OUTPUT, EnvFault
 from eagle3d.exitcodes import EXIT_FAILED, EXIT_OK
 

@@ -14,10 +14,16 @@ from typing import Any
 
 import psutil
 import runkit
-from eagle3d.produce.base import DUMP_GRACE_S
 from eagle3d.core.sample import Request
+from eagle3d.produce.base import DUMP_GRACE_S
 from eagle3d.produce.hf import HFProducer, _Worker
-from eagle3d.produce.hf_layout import model_weight_bytes, usable_cpus, visible_gpus, worker_device, worker_layout
+from eagle3d.produce.hf_layout import (
+    model_weight_bytes,
+    usable_cpus,
+    visible_gpus,
+    worker_device,
+    worker_layout,
+)
 
 GiB = 1 << 30
 

@@ -29,13 +29,12 @@ import logging
 from typing import Any
 
 import pytest
-from eagle3proto import events as ev
-
 from eagle3d.core import effects as fx
 from eagle3d.core import outcome as oc
 from eagle3d.core.envfault import DUMPS, JOURNAL, OUTPUT, EnvFault
 from eagle3d.core.ledger import Ledger, ProbeResult, Rules
 from eagle3d.core.sample import FAILED, PENDING, SAVED, Ended, Rejected, Sample
+from eagle3proto import events as ev
 
 PREFIX = "abcd1234-0-"
 AREAS = {"output": OUTPUT, "journal": JOURNAL, "dumps": DUMPS}
@@ -211,6 +210,7 @@ def play(steps: list[tuple[str, str]], **settings: Any) -> Driver:
 
 # -- the window ---------------------------------------------------------------------------------
 
+# fmt: off
 WINDOW = {
     "a window of 2: two sent, one more per dump": ({"window": 2}, [
         ("feed 0 1 2 3", "send 0, send 1"),
@@ -254,6 +254,7 @@ WINDOW = {
         ("check failed=1 inflight=1", ""),
     ]),
 }
+# fmt: on
 
 
 @pytest.mark.parametrize(("settings", "steps"), WINDOW.values(), ids=WINDOW.keys())
@@ -263,6 +264,7 @@ def test_window(settings: dict[str, Any], steps: list[tuple[str, str]]) -> None:
 
 # -- attempts ---------------------------------------------------------------------------------
 
+# fmt: off
 ATTEMPTS = {
     "the sample's own failure is retried, then failed for good": ({"max_attempts": 2}, [
         ("feed 0 1", "send 0, send 1"),
@@ -279,9 +281,9 @@ ATTEMPTS = {
     ]),
     "a worker killed from outside counts no attempt": ({"max_attempts": 2}, [
         ("feed 0", "send 0"),
-        ("fail 0 ProducerCrashed retry worker 7 exited with code -15", "failed 0 ProducerCrashed env, send 0"),  # fmt: skip
-        ("fail 0 ProducerCrashed retry worker 8 exited with code -9", "failed 0 ProducerCrashed env, send 0"),  # fmt: skip
-        ("fail 0 ProducerCrashed retry worker 9 exited with code 1", "failed 0 ProducerCrashed retry, send 0#2"),  # fmt: skip
+        ("fail 0 ProducerCrashed retry worker 7 exited with code -15", "failed 0 ProducerCrashed env, send 0"),
+        ("fail 0 ProducerCrashed retry worker 8 exited with code -9", "failed 0 ProducerCrashed env, send 0"),
+        ("fail 0 ProducerCrashed retry worker 9 exited with code 1", "failed 0 ProducerCrashed retry, send 0#2"),
     ]),
     "no live worker counts no attempt": ({"max_attempts": 2}, [
         ("feed 0", "send 0"),
@@ -314,6 +316,7 @@ ATTEMPTS = {
         ("dump 0", ""),  # the same dump seen again (the 5 s scan): nothing twice
     ]),
 }
+# fmt: on
 
 
 @pytest.mark.parametrize(("settings", "steps"), ATTEMPTS.values(), ids=ATTEMPTS.keys())
@@ -330,6 +333,7 @@ def test_request_ids_name_run_shard_session_sample_and_send() -> None:
 
 # -- timeouts -----------------------------------------------------------------------------------
 
+# fmt: off
 TIMEOUTS = {
     "no dump within the request timeout: cancelled and retried": ({"request_timeout": 10.0, "max_attempts": 2}, [
         ("feed 0 1", "send 0, send 1"),
@@ -357,6 +361,7 @@ TIMEOUTS = {
         ("save 0", ""),
     ]),
 }
+# fmt: on
 
 
 @pytest.mark.parametrize(("settings", "steps"), TIMEOUTS.values(), ids=TIMEOUTS.keys())
@@ -366,6 +371,7 @@ def test_timeouts(settings: dict[str, Any], steps: list[tuple[str, str]]) -> Non
 
 # -- pause and resume ------------------------------------------------------------------------
 
+# fmt: off
 PAUSES = {
     "a full output pauses; the commit waits and goes again on resume": ({"max_attempts": 2}, [
         ("feed 0 1 2 3", "send 0, send 1"),
@@ -389,7 +395,7 @@ PAUSES = {
     ]),
     "a full dump area pauses, the sample waits uncounted and goes first on resume": ({"max_attempts": 2}, [
         ("feed 0 1 2", "send 0, send 1"),
-        ("fail 0 DumpWriteError retry writing the dump failed: ENOSPC: No space left on device", "failed 0 DumpWriteError env, paused dumps"),  # fmt: skip
+        ("fail 0 DumpWriteError retry writing the dump failed: ENOSPC: No space left on device", "failed 0 DumpWriteError env, paused dumps"),
         ("dump 1", "commit 1"),
         ("check paused=yes requeue=1", ""),
         ("probe ok", "resumed, send 0, send 2"),
@@ -437,6 +443,7 @@ PAUSES = {
         ("check queue=2", ""),
     ]),
 }
+# fmt: on
 
 
 @pytest.mark.parametrize(("settings", "steps"), PAUSES.values(), ids=PAUSES.keys())
@@ -463,6 +470,7 @@ def test_probes_wait_their_interval_unless_forced() -> None:
 
 # -- stop, end, and what the base's integration bug taught --------------------------------------
 
+# fmt: off
 ENDINGS = {
     "the run finishes when the feed ended and nothing is in flight": ({}, [
         ("feed 0 1", "send 0, send 1"),
@@ -557,6 +565,7 @@ ENDINGS = {
         ("stop", ""),
     ]),
 }
+# fmt: on
 
 
 @pytest.mark.parametrize(("settings", "steps"), ENDINGS.values(), ids=ENDINGS.keys())

@@ -10,7 +10,15 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from eagle3d.serve.notify import DEFAULT_STALL_SEC, MAX_STATUS_CHARS, Notifier, WatchdogPolicy, format_duration, format_rate, format_status
+from eagle3d.serve.notify import (
+    DEFAULT_STALL_SEC,
+    MAX_STATUS_CHARS,
+    Notifier,
+    WatchdogPolicy,
+    format_duration,
+    format_rate,
+    format_status,
+)
 from eagle3proto.reducer import Rates, View
 
 

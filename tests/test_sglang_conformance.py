@@ -36,10 +36,10 @@ import torch  # noqa: E402
 sys.path.insert(0, os.path.dirname(__file__))
 
 import sglang_standin as st  # noqa: E402
-from eagle3d.remote import sglang_hook as sh  # noqa: E402
-from eagle3d.remote import sglang_rid as sr
-from eagle3d.remote import sglang_checks as sc
 from eagle3d.dumps.format import read_dump  # noqa: E402
+from eagle3d.remote import sglang_checks as sc  # noqa: E402
+from eagle3d.remote import sglang_hook as sh  # noqa: E402
+from eagle3d.remote import sglang_rid as sr  # noqa: E402
 from eagle3d.tools.sglang_launch import CONFLICTS, FIXED_ARGS, HEALTH_ENV, extra_args  # noqa: E402
 
 MATRIX = ("0.5.21", "0.5.22", "0.5.23")

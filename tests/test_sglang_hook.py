@@ -20,10 +20,10 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 
 import sglang_standin as st
+from eagle3d.dumps.format import read_dump
+from eagle3d.remote import sglang_checks as sc
 from eagle3d.remote import sglang_hook as sh
 from eagle3d.remote import sglang_rid as sr
-from eagle3d.remote import sglang_checks as sc
-from eagle3d.dumps.format import read_dump
 from eagle3d.remote.dumpfile import rid_of
 
 

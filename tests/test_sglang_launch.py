@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from eagle3d.tools import sglang_launch as sl
 from eagle3d.cli import main
 from eagle3d.remote.sglang_rid import FACTORY
+from eagle3d.tools import sglang_launch as sl
 
 
 def spec_of(args: list[str]) -> dict[str, object]:

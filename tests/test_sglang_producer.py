@@ -16,12 +16,18 @@ from typing import Any
 
 import httpx
 import pytest
-from eagle3d.produce.base import DUMP_GRACE_S
 from eagle3d.core.sample import Request
-from eagle3d.produce.sglang_info import NotSGLang, ServerUnfit, parse_metrics, rate, server_url_problem
+from eagle3d.produce.base import DUMP_GRACE_S
 from eagle3d.produce.sglang import SGLangProducer
-from eagle3d.remote.sglang_rid import FACTORY, failure_marker_name, parse_sglang_rid
+from eagle3d.produce.sglang_info import (
+    NotSGLang,
+    ServerUnfit,
+    parse_metrics,
+    rate,
+    server_url_problem,
+)
 from eagle3d.remote.sglang_hook import hook_spec
+from eagle3d.remote.sglang_rid import FACTORY, failure_marker_name, parse_sglang_rid
 
 
 class Events:

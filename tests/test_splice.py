@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 import torch
+from eagle3d.dumps.format import BadDump, Dump, DumpVanished, read_dump, read_header
+from eagle3d.remote.dumpfile import write_dump
 from eagle3d.store import archive as ckpt
 from eagle3d.store import committer as commit
 from eagle3d.store import splice
 from eagle3d.store.committer import CommitError, Committed, Committer
 from eagle3d.store.crc import file_checksum
-from eagle3d.dumps.format import BadDump, Dump, DumpVanished, read_dump, read_header
-from eagle3d.remote.dumpfile import write_dump
 
 H = 32
 LAYERS = [2, 4, 5]

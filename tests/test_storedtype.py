@@ -17,13 +17,13 @@ import msgspec
 import pytest
 import torch
 from daemon_harness import ENV, conversations, events, run, start, wait_for_saved, write_jsonl
-from eagle3d.store import archive as ckpt
 from eagle3d import config
-from eagle3d.store import splice
-from eagle3d.remote import storedtype
-from eagle3d.store.committer import Committed, Committer
 from eagle3d.dumps.format import BadDump, Dump, read_dump, read_header
+from eagle3d.remote import storedtype
 from eagle3d.remote.dumpfile import write_dump
+from eagle3d.store import archive as ckpt
+from eagle3d.store import splice
+from eagle3d.store.committer import Committed, Committer
 from eagle3d.tools.verify import check_sample, verify
 from eagle3proto import events as ev
 from eagle3proto.codec import encode_frame
@@ -343,9 +343,8 @@ def test_the_sglang_hook_casts_to_the_storage_dtype_its_config_names(
 def test_the_hook_refuses_an_unknown_storage_dtype_and_the_launcher_passes_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from eagle3d.remote import sglang_hook as sh
-    from eagle3d.remote import sglang_rid as sr
     from eagle3d.cli import main
+    from eagle3d.remote import sglang_hook as sh
 
     with pytest.raises(sh.HookLoadError, match="store_dtype: 'fp3' is not one of"):
         sh.make_hook({"dump_dir": str(tmp_path), "store_dtype": "fp3"}, model=torch.nn.Linear(1, 1))

@@ -13,7 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from eagle3d.tools.tinymodel import CHAT_TEMPLATE, END_OF_TURN, SPECIAL_TOKENS, build_tiny_model, register
+from eagle3d.tools.tinymodel import (
+    CHAT_TEMPLATE,
+    END_OF_TURN,
+    SPECIAL_TOKENS,
+    build_tiny_model,
+    register,
+)
 
 
 def read_config(d: Path) -> dict[str, Any]:

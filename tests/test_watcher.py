@@ -7,9 +7,9 @@ import os
 
 import pytest
 import torch
-from eagle3d.remote.dumpfile import dump_path, write_dump
 from eagle3d.dumps.format import read_dump
 from eagle3d.dumps.watcher import DumpWatcher
+from eagle3d.remote.dumpfile import dump_path, write_dump
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -262,7 +262,8 @@ def model_config(model_dir: str) -> dict[str, Any]:
         raise FileNotFoundError(f"{model_dir}: no config.json (is this a model directory?)") from e
     except (OSError, json.JSONDecodeError) as e:
         raise OSError(f"{path}: unreadable ({e})") from e
-    return cfg.get("text_config", cfg)
+    text: dict[str, Any] = cfg.get("text_config", cfg)
+    return text
 
 
 def file_sha(path: str, chunk: int = 8 << 20) -> str:

@@ -348,9 +348,8 @@ class Eagle3Top(App[int]):
 def build_feeds(
     args: argparse.Namespace, clock: Callable[[], float]
 ) -> tuple[list[Feed], ShardWatch | None]:
-    from .cli import remote_args, targets
     from .feeds import LocalFeed, StreamFeed
-    from .sources import ssh_argv
+    from .sources import remote_args, ssh_argv, targets
 
     if args.hosts:
         return [StreamFeed(h, ssh_argv(h, remote_args(args)), clock) for h in args.hosts], None

@@ -7,6 +7,7 @@ import sys
 import time
 
 from .report import EXIT_CODES_HELP
+from .sources import remote_args, targets
 
 FORMATS = ("text", "json", "prometheus")
 
@@ -74,29 +75,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="relay the socket (or journal) as frames on stdio (what ssh runs remotely)",
     )
     return p
-
-
-def remote_args(args: argparse.Namespace) -> list[str]:
-    out: list[str] = []
-    if args.output:
-        out += ["--output", args.output]
-    if args.socket:
-        out += ["--socket", args.socket]
-    if args.shard:
-        out += ["--shard", args.shard]
-    return out
-
-
-def targets(args: argparse.Namespace) -> list:
-    from eagle3proto.paths import Shard
-
-    from .sources import discover
-
-    found = discover(args.output, args.socket)
-    if args.shard:
-        want = Shard.parse(args.shard)
-        found = [t for t in found if t.shard is None or t.shard == want]
-    return found
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,6 +18,7 @@ that keep the TUI's rows up to date live in :mod:`eagle3top.feeds`.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import fcntl
 import glob
@@ -345,3 +346,26 @@ def encode_source(info: SourceInfo) -> bytes:
 def safe_close(f: object) -> None:
     with contextlib.suppress(Exception):
         f.close()  # type: ignore[attr-defined]
+
+
+def remote_args(args: argparse.Namespace) -> list[str]:
+    """The flags that choose what to watch, for ``eagle3-top --stream`` on a remote host."""
+    out: list[str] = []
+    if args.output:
+        out += ["--output", args.output]
+    if args.socket:
+        out += ["--socket", args.socket]
+    if args.shard:
+        out += ["--shard", args.shard]
+    return out
+
+
+def targets(args: argparse.Namespace) -> list[Target]:
+    """The shards the command line asks to watch (``--output``, ``--socket``, ``--shard``)."""
+    from eagle3proto.paths import Shard
+
+    found = discover(args.output, args.socket)
+    if args.shard:
+        want = Shard.parse(args.shard)
+        found = [t for t in found if t.shard is None or t.shard == want]
+    return found

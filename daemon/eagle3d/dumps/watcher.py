@@ -55,7 +55,7 @@ def _arrivals_only(emitter: type[EventEmitter]) -> type[EventEmitter]:
 
     base: Any = emitter
 
-    class Arrivals(base):
+    class Arrivals(base):  # type: ignore[misc]  # watchdog ships no types
         def get_event_mask_from_filter(self) -> Any:
             return super().get_event_mask_from_filter() & ~InotifyConstants.IN_MOVED_FROM
 

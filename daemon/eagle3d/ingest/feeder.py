@@ -70,7 +70,7 @@ class Feeder:
         """The daemon took one item: room for another."""
         self._room.release()
 
-    def _hand(self, item: Sample | Rejected | Ended, poll: float = 0.5) -> bool:
+    def hand(self, item: Sample | Rejected | Ended, poll: float = 0.5) -> bool:
         """Hand ``item`` over once there is room; False, without it, once stopped."""
         while not self._stop.is_set():
             if self._room.acquire(timeout=poll):
@@ -105,6 +105,6 @@ class Feeder:
                 item = Sample(idx, list(t.input_ids), list(t.loss_mask), bool(t.truncated))
             except BadSample as bad:
                 item = Rejected(idx, bad.error, str(bad))
-            if not self._hand(item):
+            if not self.hand(item):
                 return
-        self._hand(Ended())
+        self.hand(Ended())

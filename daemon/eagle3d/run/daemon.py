@@ -37,9 +37,10 @@ from eagle3d.exitcodes import EXIT_INTERNAL, EXIT_OK, EXIT_PRODUCER, Fatal
 from eagle3d.produce.factory import starting_words
 from eagle3d.remote.threadnames import name_threads
 from eagle3d.run import diskguard, job, preflight
+from eagle3d.run import recorder as recording
 from eagle3d.run.assemble import Opened, Parts, Where, assemble
 from eagle3d.run.inbox import Hangup, Inbox, JournalFault, ProducerPort, ProducerState, Signalled
-from eagle3d.run.recorder import FaultFileOps, Recorder
+from eagle3d.run.recorder import Recorder
 
 log = logging.getLogger("eagle3d")
 
@@ -118,7 +119,7 @@ class Daemon:
             shard_index=self.shard.index,
             shard_count=self.shard.count,
             listener=self.inbox.put,  # every record reaches subscribers through the inbox
-            fileops=FaultFileOps(),
+            fileops=recording.FaultFileOps(),  # a module attribute: tests slot a layer under it
         )
         resume = ResumeFold(self.status, self.state)
         journal.open(resume.sink)
@@ -273,9 +274,7 @@ class Daemon:
         now = time.monotonic()
         for m in msgs:
             if isinstance(m, ev.Event):
-                reducer.apply(self.state, m)
-                if self.server is not None:
-                    self.server.publish(m)
+                self._published(m)
             elif isinstance(m, Signalled):
                 self._on_signal(signal.Signals(m.signum).name, now)
             elif isinstance(m, Hangup):
@@ -293,6 +292,13 @@ class Daemon:
                 self._set_done(EXIT_INTERNAL)
             else:
                 self.held.append(m)  # handled once the producer is up
+
+    def _published(self, e: ev.Event) -> None:
+        """A record the journal holds (its listener, through the inbox): folded into the
+        state subscribers see, and sent to them."""
+        reducer.apply(self.state, e)
+        if self.server is not None:
+            self.server.publish(e)
 
     def _on_signal(self, name: str, now: float) -> None:
         if self.running and self.parts is not None:

@@ -86,7 +86,8 @@ def model_path_of(user_args: list[str]) -> str | None:
     ns = argparse.ArgumentParser(add_help=False)
     ns.add_argument("--model-path", "--model")
     known, _ = ns.parse_known_args(user_args)
-    return known.model_path
+    path: str | None = known.model_path
+    return path
 
 
 def conflicts(user_args: list[str]) -> list[str]:
