@@ -23,7 +23,8 @@ import time
 from eagle3proto import events as ev
 from eagle3proto import reducer
 from eagle3proto.codec import HEADER_SIZE, encode_frame
-from eagle3proto.journal import JournalWriter, list_segments, replay
+from eagle3proto.journal import JournalWriter
+from eagle3proto.journalread import list_segments, replay
 
 
 def sample_events(n: int) -> list[ev.Event]:
@@ -174,7 +175,7 @@ def main() -> int:
         ),
         (f"replay {count:,} records: read + frame walk only (baseline)", f"{bare:.2f} s", "1.00"),
         (
-            f"replay {count:,} records: CRC + decode (eagle3proto.journal.replay)",
+            f"replay {count:,} records: CRC + decode (eagle3proto.journalread.replay)",
             f"{decode:.2f} s",
             f"{decode / bare:.1f}",
         ),

@@ -36,7 +36,7 @@ import psutil
 from eagle3d.produce.hf_layout import model_weight_bytes, usable_cpus, visible_gpus, worker_layout
 from eagle3proto import events as ev
 from eagle3proto import paths
-from eagle3proto.journal import iter_events
+from eagle3proto.journalread import iter_events
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 DEMO = str(resources.files("eagle3d").joinpath("data/demo.jsonl"))

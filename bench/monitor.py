@@ -39,7 +39,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 from eagle3proto import events as ev  # noqa: E402
 from eagle3proto import paths  # noqa: E402
-from eagle3proto.journal import iter_events  # noqa: E402
+from eagle3proto.journalread import iter_events  # noqa: E402
 from monitor_helpers import EAGLE3_TOP, PY, run_events, write_journal  # noqa: E402
 
 

@@ -148,7 +148,7 @@ def timed(cmd: list[str], server_pid: int) -> tuple[float, float]:
 def daemon_span(out: Path) -> float:
     from eagle3proto import events as ev
     from eagle3proto import paths
-    from eagle3proto.journal import iter_events
+    from eagle3proto.journalread import iter_events
 
     evs, _ = iter_events(paths.journal_dir(str(out), paths.Shard()))
     first = next(e.ts for e in evs if isinstance(e, ev.SampleSent))

@@ -12,7 +12,7 @@ from typing import Any
 
 from eagle3proto import events as ev
 from eagle3proto import paths
-from eagle3proto.journal import iter_events
+from eagle3proto.journalread import iter_events
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 

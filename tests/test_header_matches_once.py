@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 import pytest
 from eagle3proto import events as ev
 from eagle3proto import paths
-from eagle3proto.journal import list_segments
+from eagle3proto.journalread import list_segments
 from eagle3top.app import Eagle3Top, build_feeds
 from eagle3top.cli import build_parser
 from monitor_helpers import (

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from eagle3proto import events as ev
 from eagle3proto.codec import HEADER_SIZE, MAX_RECORD, SegmentHeader, Stop, encode_frame, scan
-from eagle3proto.journal import Follower, JournalError, JournalWriter, iter_events, list_segments
+from eagle3proto.journal import JournalError, JournalWriter
+from eagle3proto.journalread import Follower, iter_events, list_segments
 
 
 def saved(i: int) -> ev.SampleSaved:

@@ -10,7 +10,7 @@ import time
 import pytest
 from eagle3proto import events as ev
 from eagle3proto import paths
-from eagle3proto.journal import list_segments
+from eagle3proto.journalread import list_segments
 from eagle3top import sources
 from monitor_helpers import (
     EAGLE3_TOP,

@@ -292,7 +292,7 @@ def test_the_daemons_threads_carry_their_roles_for_top_and_ps(
 def test_sigterm_during_model_load_stops_cleanly(tiny_model_dir: Path, tmp_path: Path) -> None:
     import time
 
-    from eagle3proto.journal import iter_events
+    from eagle3proto.journalread import iter_events
 
     data = write_jsonl(tmp_path / "d.jsonl", conversations(20))
     out = tmp_path / "out"

@@ -22,7 +22,8 @@ import pytest
 import runkit
 from eagle3d.dumps.format import Dump
 from eagle3proto import events as ev
-from eagle3proto.journal import JournalWriter, iter_events
+from eagle3proto.journal import JournalWriter
+from eagle3proto.journalread import iter_events
 from powerloss import ForgetfulFileOps, power_loss
 
 HERE = Path(__file__).resolve().parent

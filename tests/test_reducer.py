@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from eagle3proto import reducer
-from eagle3proto.journal import replay
+from eagle3proto.journalread import replay
 from eagle3proto.reducer import Bucket, eta_seconds, rates, sparkline
 
 GOLDEN = Path(__file__).parent / "data" / "golden"
@@ -48,7 +48,7 @@ def test_golden_set_is_complete() -> None:
 def test_snapshot_roundtrip_then_fold_equals_full_fold() -> None:
     """The socket protocol: a subscriber decodes a snapshot and folds the rest onto it."""
     full, _ = fold("resume")
-    from eagle3proto.journal import iter_events
+    from eagle3proto.journalread import iter_events
 
     events, _ = iter_events(str(GOLDEN / "resume"))
     head = reducer.apply_all(reducer.new_state(), events[:7])

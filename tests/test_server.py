@@ -9,10 +9,12 @@ import stat
 import struct
 
 import pytest
-from eagle3d.serve.server import EventServer, SocketInUse, read_journal_frames
+from eagle3d.serve.server import EventServer
+from eagle3d.serve.sockets import SocketInUse
 from eagle3proto import events as ev
 from eagle3proto import reducer, wire
 from eagle3proto.journal import JournalWriter
+from eagle3proto.journalread import read_frames as read_journal_frames
 from eagle3proto.paths import Shard
 
 pytestmark = pytest.mark.timeout(60)

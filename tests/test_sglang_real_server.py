@@ -175,7 +175,7 @@ def test_monitor_shows_the_real_servers_readings(extraction: dict[str, Any]) -> 
         assert key in detail, detail
     # the monitor's producer panel, from the same journal
     from eagle3proto import paths, reducer
-    from eagle3proto.journal import iter_events
+    from eagle3proto.journalread import iter_events
     from eagle3top import hostpanels
     from eagle3top.model import Row
 

@@ -1,13 +1,11 @@
 """The journal: append-only segments of framed msgpack events, the source of truth.
 
-* :func:`replay` reads a shard's segments read-only, in order, and stops at the last valid
-  record: a torn tail, a corrupt frame, a ``seq`` gap or a frame of another run id ends the
-  replay and is reported as a :class:`Problem`, never skipped silently.
 * :class:`JournalWriter` recovers a shard (torn bytes are kept aside, then cut off), starts a
   new segment at every open and at a size cap, and group-commits: records of durable kinds
   are fdatasync'ed before :meth:`JournalWriter.append` returns, chatty ones are written at
   least every ``flush_interval`` and synced at least every ``sync_interval``.
-* :class:`Follower` tails a live shard without re-reading it.
+
+Reading (replay, tailing, ranges of frames) is :mod:`eagle3proto.journalread`.
 """
 
 from __future__ import annotations
@@ -18,163 +16,19 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable
 
 from . import events as ev
-from .codec import HEADER_SIZE, TORN, SegmentHeader, Stop, encode_frame, scan
+from .codec import SegmentHeader, encode_frame
 from .fileops import OsFileOps
+from .journalread import Replay, replay, segment_name
+from .journalrepair import repair
 
-SEGMENT_SUFFIX = ".e3j"
 DEFAULT_SEGMENT_BYTES = 64 << 20
 
 
 class JournalError(OSError):
     """A write or sync to the journal failed; nothing after the last good frame was kept."""
-
-
-@dataclass(frozen=True, slots=True)
-class Problem:
-    """Why replay stopped before the end of the data (or what it had to step over)."""
-
-    segment: str
-    offset: int
-    reason: str  # torn | corrupt | seq_gap | foreign_run | bad_header
-    detail: str
-    dropped_bytes: int
-    fatal: bool  # True: nothing after this point was replayed
-
-    def describe(self) -> str:
-        name = os.path.basename(self.segment)
-        return f"{name}@{self.offset}: {self.reason} ({self.detail}; {self.dropped_bytes} bytes)"
-
-
-@dataclass(slots=True)
-class Replay:
-    """What :func:`replay` found."""
-
-    run_id: str = ""
-    next_seq: int = 0
-    count: int = 0
-    segments: list[str] = field(default_factory=list)
-    problems: list[Problem] = field(default_factory=list)
-    #: (segment path, offset of the end of its last good frame) for each segment read
-    good_ends: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def stopped_early(self) -> bool:
-        return any(p.fatal for p in self.problems)
-
-
-def list_segments(directory: str) -> list[str]:
-    """Segment files of a shard, in order (their names are the zero-padded first seq)."""
-    try:
-        names = [n for n in os.listdir(directory) if n.endswith(SEGMENT_SUFFIX)]
-    except FileNotFoundError:
-        return []
-    return [os.path.join(directory, n) for n in sorted(names)]
-
-
-def segment_name(first_seq: int) -> str:
-    return f"{first_seq:016d}{SEGMENT_SUFFIX}"
-
-
-def _read(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
-
-
-def replay(directory: str, sink: Callable[[list[ev.AnyEvent]], None] | None = None) -> Replay:
-    """Read every segment of a shard in order, feeding valid events to ``sink`` in batches.
-
-    Read-only: it never modifies the journal. The returned :class:`Replay` says where it
-    stopped and why.
-    """
-    out = Replay()
-    segments = list_segments(directory)
-    for i, path in enumerate(segments):
-        last = i == len(segments) - 1
-        out.segments.append(path)
-        data = _read(path)
-        try:
-            header = SegmentHeader.unpack(data)
-        except ValueError as e:
-            # A header is written and synced before a segment is renamed into place, so a
-            # bad one is damage, not a torn write.
-            out.problems.append(Problem(path, 0, "bad_header", str(e), len(data), True))
-            break
-        if not out.run_id:
-            out.run_id = header.run_id
-            out.next_seq = header.first_seq
-        if header.run_id != out.run_id:
-            out.problems.append(
-                Problem(path, 0, "foreign_run", f"segment of run {header.run_id}", len(data), True)
-            )
-            break
-        if header.first_seq != out.next_seq:
-            out.problems.append(
-                Problem(
-                    path,
-                    0,
-                    "seq_gap",
-                    f"segment starts at seq {header.first_seq}, expected {out.next_seq}",
-                    len(data),
-                    True,
-                )
-            )
-            break
-        result = scan(data, HEADER_SIZE)
-        batch = ev.decode_many(result.payloads)
-        end = result.end
-        stop_problem: Problem | None = None
-        good = _check_sequence(batch, out.run_id, out.next_seq)
-        if good < len(batch):
-            bad = batch[good]
-            end = HEADER_SIZE + sum(len(p) + 8 for p in result.payloads[:good])
-            if bad.run != out.run_id:
-                reason, detail = "foreign_run", f"frame of run {bad.run or '?'} at seq {bad.seq}"
-            else:
-                reason = "seq_gap"
-                detail = f"seq {bad.seq} where {out.next_seq + good} was expected"
-            stop_problem = Problem(path, end, reason, detail, len(data) - end, True)
-            batch = batch[:good]
-        if batch:
-            out.count += len(batch)
-            out.next_seq += len(batch)
-            if sink is not None:
-                sink(batch)
-        out.good_ends[path] = end
-        if stop_problem is None and result.stop is not Stop.CLEAN:
-            dropped = len(data) - end
-            if result.stop in TORN or (result.torn_sector and last):
-                # A torn tail is what a crash mid-append leaves; in an older segment it can
-                # only be unacknowledged bytes a crash left behind before the next start.
-                detail = "torn tail: " + result.stop.value
-                stop_problem = Problem(path, end, "torn", detail, dropped, False)
-            else:
-                detail = f"{result.stop.value} with {dropped} bytes after it"
-                stop_problem = Problem(path, end, "corrupt", detail, dropped, True)
-        if stop_problem is not None:
-            out.problems.append(stop_problem)
-            if stop_problem.fatal:
-                break
-    return out
-
-
-def _check_sequence(batch: list[ev.AnyEvent], run_id: str, first: int) -> int:
-    """Number of leading events whose seq runs +1 from ``first`` and whose run matches."""
-    n = len(batch)
-    # Fast path in C: the whole batch is in order and of this run.
-    if list(map(_seq, batch)) == list(range(first, first + n)) and all(
-        map(run_id.__eq__, map(_run, batch))
-    ):
-        return n
-    expected = first
-    for i, e in enumerate(batch):
-        if e.seq != expected or e.run != run_id:
-            return i
-        expected += 1
-    return len(batch)
 
 
 _seq = operator.attrgetter("seq")
@@ -258,7 +112,7 @@ class JournalWriter:
         self.run_id = rep.run_id or new_run_id()
         self._next_seq = rep.next_seq
         self._written_seq = self._synced_seq = self._published_seq = rep.next_seq - 1
-        repairs = self._repair(rep)
+        repairs = repair(self.directory, rep, self.fs)
         self._start_segment()
         self._closed = False
         for p in repairs:
@@ -275,40 +129,6 @@ class JournalWriter:
             self._thread = threading.Thread(target=self._run, name="journal-flush", daemon=True)
             self._thread.start()
         return rep
-
-    def _repair(self, rep: Replay) -> list[Problem]:
-        """Set aside everything after the last good record, then cut it off."""
-        repairs: list[Problem] = []
-        if not rep.problems:
-            return repairs
-        cut_from: str | None = None
-        for p in rep.problems:
-            if p.dropped_bytes == 0 and p.reason != "bad_header":
-                continue
-            kept = self._keep_aside(p.segment, p.offset)
-            self.fs.truncate_path(p.segment, p.offset) if p.offset else None
-            if p.offset == 0 or p.reason == "bad_header":
-                os.replace(p.segment, p.segment + ".broken")
-            repairs.append(Problem(p.segment, p.offset, p.reason, kept, p.dropped_bytes, p.fatal))
-            if p.fatal:
-                cut_from = p.segment
-        if cut_from is not None:
-            later = [s for s in list_segments(self.directory) if s > cut_from]
-            for s in later:
-                os.replace(s, s + ".broken")
-                size = os.path.getsize(s + ".broken")
-                repairs.append(Problem(s, 0, "after_corruption", s + ".broken", size, True))
-        self.fs.fsync_dir(self.directory)
-        return repairs
-
-    def _keep_aside(self, path: str, offset: int) -> str:
-        kept = f"{path}.broken-{offset}"
-        with open(path, "rb") as src, open(kept, "wb") as dst:
-            src.seek(offset)
-            dst.write(src.read())
-            dst.flush()
-            os.fsync(dst.fileno())
-        return kept
 
     def _start_segment(self) -> None:
         name = os.path.join(self.directory, segment_name(self._next_seq))
@@ -566,78 +386,3 @@ class JournalWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-class Follower:
-    """Tails a shard's journal: each :meth:`poll` returns the events appended since the last.
-
-    It keeps its position (segment, byte offset, next seq) and never re-reads what it has
-    already returned. A newer segment is entered once the current one is complete; a torn
-    tail in an abandoned segment is stepped over and reported in :attr:`problems`.
-    """
-
-    def __init__(self, directory: str) -> None:
-        self.directory = directory
-        self.run_id = ""
-        self.next_seq = 0
-        self.problems: list[Problem] = []
-        self._segment = ""
-        self._offset = 0
-        self.stuck: Problem | None = None
-
-    def poll(self) -> list[ev.AnyEvent]:
-        out: list[ev.AnyEvent] = []
-        while True:
-            segments = list_segments(self.directory)
-            if not self._segment:
-                if not segments:
-                    return out
-                self._open(segments[0])
-            newer = [s for s in segments if s > self._segment]
-            out.extend(self._read_current(final=bool(newer)))
-            if self.stuck is not None or not newer:
-                return out
-            self._open(newer[0])
-
-    def _open(self, path: str) -> None:
-        with open(path, "rb") as f:
-            header = SegmentHeader.unpack(f.read(HEADER_SIZE))
-        if not self.run_id:
-            self.run_id = header.run_id
-            self.next_seq = header.first_seq
-        self._segment = path
-        self._offset = HEADER_SIZE
-
-    def _read_current(self, final: bool) -> list[ev.AnyEvent]:
-        with open(self._segment, "rb") as f:
-            f.seek(self._offset)
-            data = f.read()
-        if not data:
-            return []
-        res = scan(data)
-        batch = ev.decode_many(res.payloads)
-        good = _check_sequence(batch, self.run_id, self.next_seq)
-        batch = batch[:good]
-        self._offset += sum(len(p) + 8 for p in res.payloads[:good])
-        self.next_seq += len(batch)
-        if good < len(res.payloads) or (res.stop is not Stop.CLEAN and res.stop not in TORN):
-            if not (final and res.stop in TORN and good == len(res.payloads)):
-                self.stuck = Problem(
-                    self._segment, self._offset, "corrupt", res.stop.value, len(data), True
-                )
-        elif final and res.stop is not Stop.CLEAN:
-            self.problems.append(
-                Problem(self._segment, self._offset, "torn", res.stop.value, len(data), False)
-            )
-        return batch
-
-
-def iter_events(directory: str) -> tuple[list[ev.AnyEvent], Replay]:
-    """Convenience: replay a shard into a list (tests, small journals)."""
-    out: list[ev.AnyEvent] = []
-    rep = replay(directory, out.extend)
-    return out, rep
-
-
-def flatten(batches: Iterable[list[ev.AnyEvent]]) -> list[ev.AnyEvent]:
-    return [e for b in batches for e in b]

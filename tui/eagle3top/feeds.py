@@ -21,7 +21,7 @@ from collections.abc import Callable
 import msgspec
 from eagle3proto import events as ev
 from eagle3proto import reducer, wire
-from eagle3proto.journal import Follower, list_segments
+from eagle3proto.journalread import Follower, list_segments
 
 from .model import Row
 from .sources import SourceInfo, Target, decode, lock_held, read_journal

@@ -22,7 +22,7 @@ import time
 import msgspec
 from eagle3proto import wire
 from eagle3proto.codec import encode_frame
-from eagle3proto.journal import list_segments
+from eagle3proto.journalread import list_segments
 
 from .sources import SourceInfo, Target, encode_source, lock_held, read_journal
 

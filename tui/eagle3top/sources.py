@@ -35,7 +35,7 @@ import msgspec
 from eagle3proto import events as ev
 from eagle3proto import paths, reducer, wire
 from eagle3proto.codec import HEADER_SIZE, scan
-from eagle3proto.journal import Follower, list_segments, replay
+from eagle3proto.journalread import Follower, list_segments, replay
 
 from .model import Row
 

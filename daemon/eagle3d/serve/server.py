@@ -22,11 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
 import os
-import socket
-import stat
 import time
 from collections import deque
 from collections.abc import Callable
@@ -35,19 +32,17 @@ from dataclasses import dataclass, field
 import msgspec
 from eagle3proto import events as ev
 from eagle3proto import wire
-from eagle3proto.codec import HEADER_SIZE, encode_frame, scan
-from eagle3proto.journal import list_segments
-from eagle3proto.paths import MAX_SOCKET_PATH, Shard
+from eagle3proto.codec import encode_frame
+from eagle3proto.journalread import read_frames
+from eagle3proto.paths import Shard
 from eagle3proto.reducer import ShardState
+
+from eagle3d.serve.sockets import bind_socket
 
 log = logging.getLogger("eagle3d.serve.server")
 
 #: A client message is a hello; anything bigger than this is not one of ours.
 MAX_CLIENT_FRAME = 64 << 10
-
-
-class SocketInUse(RuntimeError):
-    """A live daemon already serves this socket path."""
 
 
 @dataclass(eq=False)
@@ -115,7 +110,7 @@ class EventServer:
 
     async def start(self) -> None:
         """Bind and listen. A stale socket file is replaced; a live one raises SocketInUse."""
-        sock = _bind_socket(self.path)
+        sock = bind_socket(self.path)
         st = os.stat(self.path)
         self._inode = (st.st_dev, st.st_ino)
         self._server = await asyncio.start_unix_server(
@@ -352,7 +347,7 @@ class EventServer:
         tail_first = self._tail[0][0] if self._tail else self._last_seq + 1
         if sub.next_seq < tail_first:
             frames = await asyncio.to_thread(
-                read_journal_frames, self.journal_dir, sub.next_seq, min(upto, tail_first - 1)
+                read_frames, self.journal_dir, sub.next_seq, min(upto, tail_first - 1)
             )
             for seq, frame in frames:
                 if seq == sub.next_seq:
@@ -379,88 +374,3 @@ def _clear(q: asyncio.Queue[tuple[int, bytes] | None]) -> None:
             q.get_nowait()
         except asyncio.QueueEmpty:
             return
-
-
-def read_journal_frames(directory: str, first: int, last: int) -> list[tuple[int, bytes]]:
-    """Framed records ``first..last`` (inclusive) from a shard's journal, as (seq, frame)."""
-    segments = list_segments(directory)
-    starts = [int(os.path.basename(s).split(".")[0]) for s in segments]
-    out: list[tuple[int, bytes]] = []
-    for i, path in enumerate(segments):
-        nxt = starts[i + 1] if i + 1 < len(starts) else None
-        if nxt is not None and nxt <= first:
-            continue
-        if starts[i] > last:
-            break
-        with open(path, "rb") as f:
-            data = f.read()
-        res = scan(data, HEADER_SIZE)
-        seq = starts[i]
-        for p in res.payloads:
-            if first <= seq <= last:
-                out.append((seq, encode_frame(bytes(p))))
-            seq += 1
-            if seq > last:
-                break
-    # Segment names are first seqs; check them against the records themselves.
-    if out:
-        got = ev.decode(out[0][1][8:])
-        if got.seq != out[0][0]:
-            return []
-    return out
-
-
-def _bind_socket(path: str) -> socket.socket:
-    """Bind a listening socket at ``path`` with mode 0660, replacing only a stale file.
-
-    The socket is bound under a temporary name, chmod'ed, then renamed over ``path``, so it
-    is never reachable with a wider mode and no process-wide umask change is needed.
-    """
-    parent = os.path.dirname(path) or "."
-    os.makedirs(parent, mode=0o750, exist_ok=True)
-    _check_stale(path)
-    # A short temporary name: sun_path holds 107 bytes, and the final path may be close.
-    tmp = os.path.join(parent, f".e3d-{os.getpid()}.tmp")
-    if len(os.fsencode(tmp)) > MAX_SOCKET_PATH:
-        tmp = path  # no room for a rename: bind in place (chmod follows at once)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.bind(tmp)
-        os.chmod(tmp, 0o660)
-        sock.listen(128)
-        sock.setblocking(False)
-        if tmp != path:
-            _check_stale(path)
-            os.replace(tmp, path)
-    except BaseException:
-        sock.close()
-        if tmp != path:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-        raise
-    return sock
-
-
-def _check_stale(path: str) -> None:
-    """Remove a dead daemon's socket file; raise SocketInUse if something answers on it."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISSOCK(st.st_mode):
-        raise SocketInUse(f"{path} exists and is not a socket; refusing to replace it")
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    probe.settimeout(1.0)
-    try:
-        probe.connect(path)
-    except OSError as e:
-        if e.errno in (errno.ECONNREFUSED, errno.ENOENT):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-            return
-        raise SocketInUse(f"cannot tell whether {path} is live: {e}") from e
-    finally:
-        probe.close()
-    raise SocketInUse(f"a live daemon is serving {path}")

@@ -17,7 +17,7 @@ import time
 from importlib import resources
 
 from eagle3proto import paths, reducer
-from eagle3proto.journal import Follower
+from eagle3proto.journalread import Follower
 
 from eagle3d.serve.progress import ProgressLine
 

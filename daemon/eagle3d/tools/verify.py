@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 
 from eagle3proto import events as ev
 from eagle3proto import paths
-from eagle3proto.journal import JournalWriter, replay
+from eagle3proto.journal import JournalWriter
+from eagle3proto.journalread import replay
 from eagle3proto.paths import Shard
 
 from eagle3d.exitcodes import Fatal
