@@ -9,7 +9,7 @@ producer, and this measures both in one run:
   the bare loop's processes (in the daemon's layout), measured right after.
 
 Every thread of the daemon and its workers is sampled from ``/proc`` every 0.2 s by its kernel
-name (:mod:`eagle3d.threadnames`), and counted over the journal's working span (first
+name (:mod:`eagle3d.remote.threadnames`), and counted over the journal's working span (first
 ``sample sent`` to ``run finished``).
 
     .venv/bin/python bench/cpu_share.py [--rounds N] [--markdown]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark of the dataset + tokenization path (eagle3d.dataset, eagle3d.chat).
+"""Benchmark of the dataset + tokenization path (eagle3d.ingest.dataset, eagle3d.ingest.chat).
 
 Every figure is a ratio against a baseline measured in the same run, on the same data:
 

@@ -9,7 +9,7 @@ makes them):
 * ``commit-cast``: a float32 dump, the commit casts to bfloat16 within its read (splice);
 * ``producer-cast``: the producer casts to bfloat16 and writes that dump, the commit moves it.
 
-Producer CPU is ``eagle3d.dump.write_dump`` (with ``eagle3d.storedtype.cast`` before it for
+Producer CPU is ``eagle3d.remote.dumpfile.write_dump`` (with ``eagle3d.remote.storedtype.cast`` before it for
 ``producer-cast``) into ``/dev/shm``; commit CPU is ``Committer.commit_files`` in batches of
 8 (read, check, cast, checksum, direct write, fdatasync, rename, directory sync) plus the
 dump's unlink, as the daemon's commit threads do, to a directory on ``--dir``'s disk. CPU is

@@ -144,7 +144,7 @@ log "preparing tiny model and $SAMPLES samples in $WORK"
 import sys
 from importlib import resources
 
-from eagle3d.dataset import BadSample, parse_line
+from eagle3d.ingest.dataset import BadSample, parse_line
 
 
 def valid(i: int, line: str) -> bool:

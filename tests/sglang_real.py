@@ -288,7 +288,7 @@ def write_dataset(
 def template_encoding(tok: Any, messages: list[dict[str, str]]) -> tuple[list[int], list[int]]:
     """Ids and loss mask of one conversation written down from the tiny model's chat template
     (``<|bos|>`` then ``<|role|>content<|end|>`` per turn; the assistant's content and its
-    ``<|end|>`` are trained on), independently of ``eagle3d.chat``. The role tokens are
+    ``<|end|>`` are trained on), independently of ``eagle3d.ingest.chat``. The role tokens are
     special tokens, so each content is tokenized on its own; the ids are also checked against
     the tokenizer's own ``apply_chat_template``."""
     ids = [tok.convert_tokens_to_ids("<|bos|>")]

@@ -1,4 +1,4 @@
-"""Tests of eagle3d.chat: the loss mask comes from the template and marks exactly the assistant.
+"""Tests of eagle3d.ingest.chat: the loss mask comes from the template and marks exactly the assistant.
 
 Two independent oracles: (1) decoding the marked token runs must give back each assistant
 turn's content plus its end-of-turn token, taken from the dataset, not from the encoder; (2) the

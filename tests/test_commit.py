@@ -1,4 +1,4 @@
-"""eagle3d.commit: the finite check, and committing a batch of samples."""
+"""eagle3d.store.committer: the finite check, and committing a batch of samples."""
 
 from __future__ import annotations
 

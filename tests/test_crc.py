@@ -1,4 +1,4 @@
-"""eagle3d.crc gives zlib's CRC-32 values, whole or continued, from any buffer."""
+"""eagle3d.store.crc gives zlib's CRC-32 values, whole or continued, from any buffer."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Dataset formats (:mod:`eagle3d.dataformats`): detection by content, row ids, blank lines,
+"""Dataset formats (:mod:`eagle3d.ingest.dataformats`): detection by content, row ids, blank lines,
 and refusals that name what the file is. The daemon reading each format end to end is in
 ``tests/test_integrity.py``."""
 

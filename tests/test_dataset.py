@@ -1,4 +1,4 @@
-"""Tests of eagle3d.dataset: line ids, formats, malformed lines, sharding, bounded memory."""
+"""Tests of eagle3d.ingest.dataset: line ids, formats, malformed lines, sharding, bounded memory."""
 
 from __future__ import annotations
 

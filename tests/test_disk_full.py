@@ -2,7 +2,7 @@
 
 Where root may mount one, a size-limited tmpfs holds the output (and its journal): real ENOSPC
 from the kernel, short writes included. Elsewhere the tests that need it are skipped and the
-commit-layer test falls back to a writer double at :class:`eagle3d.commit.ChecksumWriter`.
+commit-layer test falls back to a writer double at :class:`eagle3d.store.committer.ChecksumWriter`.
 
 The daemon must journal a clear ``run_state paused`` record naming the disk, keep running
 without failing samples, leave no partial frame or temp file, and resume on its own when the

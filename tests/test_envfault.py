@@ -1,5 +1,5 @@
-"""The pure judgements of :mod:`eagle3d.envfault` (whose fault a failure is, when a pause
-ends, how much the dump area holds), and :func:`eagle3d.resume.finish_code`."""
+"""The pure judgements of :mod:`eagle3d.core.envfault` (whose fault a failure is, when a pause
+ends, how much the dump area holds), and :func:`eagle3d.core.resume.finish_code`."""
 
 from __future__ import annotations
 

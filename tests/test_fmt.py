@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from eagle3proto import events as ev
-from eagle3proto.reducer import Rates, View
+from eagle3proto.views import Rates, View
 from eagle3top import fmt
 
 

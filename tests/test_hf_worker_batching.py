@@ -1,4 +1,4 @@
-"""The HF worker's batch rule (:func:`eagle3d.producers.hf_worker.next_batch`), pure."""
+"""The HF worker's batch rule (:func:`eagle3d.remote.hf_batching.next_batch`), pure."""
 
 from __future__ import annotations
 

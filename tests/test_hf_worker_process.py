@@ -148,7 +148,7 @@ def test_written_follows_each_batch_once_its_dumps_are_in_the_dump_area(
             if len(written) == 6:
                 break
         assert written == {f"r{i}" for i in range(6)}
-        # Its threads carry their roles where top -H and ps -L look (eagle3d.threadnames).
+        # Its threads carry their roles where top -H and ps -L look (eagle3d.remote.threadnames).
         names = thread_names(proc.pid)
         assert {"reader", "dump-writer"} <= names, names
     finally:

@@ -1,7 +1,7 @@
 """Whitebox kill points: the daemon dies abruptly at a named point, a rerun ends consistent.
 
 ``EAGLE3D_FAULT=kill:<point>:<n>`` makes the daemon ``os._exit(137)`` the n-th time it reaches
-``<point>`` (see :mod:`eagle3d.faults`), mid-run. After each death the output is checked from
+``<point>`` (see :mod:`eagle3d.remote.faults`), mid-run. After each death the output is checked from
 the outside (the crash-loop reader); then the same command without the fault must finish with
 every valid sample saved exactly once and ``eagle3d verify`` passing.
 """

@@ -19,7 +19,7 @@ from eagle3d.serve.notify import (
     format_rate,
     format_status,
 )
-from eagle3proto.reducer import Rates, View
+from eagle3proto.views import Rates, View
 
 
 @pytest.fixture
@@ -126,7 +126,7 @@ def test_watchdog_interval_honours_watchdog_pid():
 def test_from_env_defaults_to_process_environment(listener):
     """A child started with NOTIFY_SOCKET (as systemd starts the daemon) reaches the socket."""
     path, s = listener
-    code = "from eagle3d.notify import Notifier; import sys; sys.exit(0 if Notifier.from_env().ready('up') else 1)"
+    code = "from eagle3d.serve.notify import Notifier; import sys; sys.exit(0 if Notifier.from_env().ready('up') else 1)"
     env = {**os.environ, "NOTIFY_SOCKET": path}
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
     assert recv(s) == ["READY=1", "STATUS=up"]

@@ -260,14 +260,14 @@ def test_socket_path_comes_from_the_newest_run_started(tmp_path) -> None:
 
 def test_long_run_keeps_a_bounded_rate_window(tmp_path) -> None:
     """2,000 one-per-second saves: the history window stays 900 s and the rate is right."""
-    from eagle3proto import reducer
+    from eagle3proto import reducer, views
 
     s = reducer.new_state()
     t0 = 1_000_000.0
     reducer.apply_all(s, [e for e in run_events(t0, 5000, 2000, step=1.0)])
     assert len(s.history) == reducer.HISTORY_SECONDS
     assert s.history[0].t == int(t0) + 2000 - reducer.HISTORY_SECONDS + 1
-    v = reducer.view(s, t0 + 2000.5)
+    v = views.view(s, t0 + 2000.5)
     assert v.rate_1m.samples_s == pytest.approx(1.0, rel=0.05)
 
 

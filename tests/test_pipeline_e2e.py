@@ -97,7 +97,7 @@ def test_hidden_states_equal_an_independent_hf_forward(
 
 
 def _expected_mask(tok: object, ids: list[int]) -> list[int]:
-    # Independent of eagle3d.chat: in the tiny template an assistant turn is
+    # Independent of eagle3d.ingest.chat: in the tiny template an assistant turn is
     # <|assistant|> content <|end|>; the model produces the content and the <|end|>.
     assistant = tok.convert_tokens_to_ids("<|assistant|>")  # type: ignore[attr-defined]
     end = tok.convert_tokens_to_ids("<|end|>")  # type: ignore[attr-defined]

@@ -2,7 +2,7 @@
 
 SIGKILL keeps the page cache; a power cut does not. :mod:`powerloss` provides a double of the
 journal's file seam that logs what each fdatasync made durable, and cuts the files back to
-that state. The real JournalWriter and the real commit path (:class:`eagle3d.commit.Committer`)
+that state. The real JournalWriter and the real commit path (:class:`eagle3d.store.committer.Committer`)
 are used in-process, and the real daemon is used through a launcher that puts the double
 under its journal. Checks: every record that was acknowledged (an append of a durable kind
 returned, or the daemon published it) survives; the output stays consistent; a rerun completes.

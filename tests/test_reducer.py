@@ -7,9 +7,10 @@ import json
 from pathlib import Path
 
 import pytest
-from eagle3proto import reducer
+from eagle3proto import reducer, views
 from eagle3proto.journalread import replay
-from eagle3proto.reducer import Bucket, eta_seconds, rates, sparkline
+from eagle3proto.reducer import Bucket
+from eagle3proto.views import eta_seconds, rates, sparkline
 
 GOLDEN = Path(__file__).parent / "data" / "golden"
 NAMES = sorted(p.name.removesuffix(".expected.json") for p in GOLDEN.glob("*.expected.json"))
@@ -26,7 +27,7 @@ def test_golden_journal_snapshot(name: str) -> None:
     expected = json.loads((GOLDEN / f"{name}.expected.json").read_text())
     state, problems = fold(name)
     assert problems == expected["problems"]
-    v = reducer.view(state, expected["now"])
+    v = views.view(state, expected["now"])
     for key, want in expected["view"].items():
         got = getattr(v, key)
         if isinstance(want, float) and got is not None:
@@ -59,10 +60,10 @@ def test_snapshot_roundtrip_then_fold_equals_full_fold() -> None:
 
 def test_time_is_an_argument() -> None:
     state, _ = fold("rates")
-    a = reducer.view(state, 160.0)
-    b = reducer.view(state, 160.0)
+    a = views.view(state, 160.0)
+    b = views.view(state, 160.0)
     assert a == b
-    later = reducer.view(state, 400.0)  # five minutes of silence later
+    later = views.view(state, 400.0)  # five minutes of silence later
     assert later.rate.samples_s == 0.0 and later.eta_s is None
     assert later.age_s == pytest.approx(240.5)
 
@@ -88,8 +89,8 @@ def test_sparkline_places_values_by_second() -> None:
 def test_combine_shards() -> None:
     a, _ = fold("rates")
     b, _ = fold("pipeline")
-    va, vb = reducer.view(a, 160.0, "s0"), reducer.view(b, 160.0, "s1")
-    t = reducer.combine([va, vb])
+    va, vb = views.view(a, 160.0, "s0"), views.view(b, 160.0, "s1")
+    t = views.combine([va, vb])
     assert t.saved == 63 and t.total == 125 and t.in_flight == 1
     assert t.rate_1m.samples_s == pytest.approx(va.rate_1m.samples_s + vb.rate_1m.samples_s)
     assert t.remaining == 62

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from eagle3proto import events as ev
-from eagle3proto import reducer
+from eagle3proto import reducer, views
 from eagle3top.model import LOAD_LIMIT_S, PRODUCER_CRITICAL_S, Row, health, worst
 from eagle3top.report import CRITICAL, OK, UNKNOWN, WARNING, Report
 
@@ -157,7 +157,7 @@ def test_finished_with_failures_and_unwritable_pauses(
 
 
 def test_percent_counts_saved_only() -> None:
-    v = reducer.view(_finished(0, 218, 9), NOW)
+    v = views.view(_finished(0, 218, 9), NOW)
     assert v.percent == 0.0 and v.failed == 218 and v.remaining == 0
 
 

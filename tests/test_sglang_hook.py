@@ -128,7 +128,7 @@ def test_packed_batch_of_different_lengths_equals_hf(models: Any, tmp_path: Path
     cap.writer.drain()  # type: ignore[union-attr]
     check_dumps(tmp_path, hf, reqs, cap.layers)
     assert cap.forwards == 1 and len(out) == 4  # one packed extend forward
-    # Among the server's threads, top -H shows ours by name (eagle3d.threadnames).
+    # Among the server's threads, top -H shows ours by name (eagle3d.remote.threadnames).
     tid = cap.writer.thread.native_id  # type: ignore[union-attr]
     assert Path(f"/proc/self/task/{tid}/comm").read_text().strip() == "e3d-dump-writer"
 

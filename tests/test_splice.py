@@ -1,4 +1,4 @@
-"""eagle3d.splice: a dump's bytes straight into the sample archive, the general path's file
+"""eagle3d.store.splice: a dump's bytes straight into the sample archive, the general path's file
 and the general path's verdict on every dump."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The storage dtype (eagle3d.storedtype): what ``auto`` resolves to, the flag and the key,
+"""The storage dtype (eagle3d.remote.storedtype): what ``auto`` resolves to, the flag and the key,
 the casts at the producer and in the commit (fused into the splice), the fingerprint, the
 journal and verify."""
 

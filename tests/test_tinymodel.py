@@ -1,4 +1,4 @@
-"""Tests of eagle3d.tinymodel: a real tiny Llama, its local tokenizer and template, offline."""
+"""Tests of eagle3d.tools.tinymodel: a real tiny Llama, its local tokenizer and template, offline."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def test_tokenizer_special_tokens_and_template(tiny_tokenizer: Any) -> None:
         assert tok.encode(t, add_special_tokens=False) == [SPECIAL_TOKENS.index(t)]
     assert set(SPECIAL_TOKENS) <= set(tok.all_special_tokens)
     assert tok.chat_template == CHAT_TEMPLATE
-    # No {% generation %} markers, on purpose: eagle3d.chat derives the mask without them.
+    # No {% generation %} markers, on purpose: eagle3d.ingest.chat derives the mask without them.
     assert not re.search(r"\{%-?\s*generation\s*-?%\}", tok.chat_template)
     text = "Héllo wörld 🚀 数据集\n\tx = [i * i for i in range(10)]"
     assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
@@ -170,7 +170,7 @@ def test_builds_with_the_network_unreachable(tmp_path: Path) -> None:
         socket.socket.connect = refuse
         socket.create_connection = refuse
         import argparse
-        from eagle3d.tinymodel import register
+        from eagle3d.tools.tinymodel import register
         p = argparse.ArgumentParser()
         register(p.add_subparsers())
         a = p.parse_args(["tiny-model", sys.argv[1], "--layers", "1", "--hidden", "16",

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 
 from eagle3proto import events as ev
-from eagle3proto.reducer import View
+from eagle3proto.views import View
 
 _SPARK = "▁▂▃▄▅▆▇█"
 

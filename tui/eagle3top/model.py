@@ -30,7 +30,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from eagle3proto.reducer import ShardState, View, combine, view
+from eagle3proto.reducer import ShardState
+from eagle3proto.views import View, combine, view
 
 from .fmt import duration
 

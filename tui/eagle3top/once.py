@@ -15,7 +15,7 @@ from typing import TextIO
 
 import msgspec
 from eagle3proto import events as ev
-from eagle3proto.reducer import View
+from eagle3proto.views import View
 
 from . import fmt
 from .model import LEVEL_WORDS, Row, totals

@@ -9,8 +9,8 @@ named ANSI ones (readable in 256 colours over ssh, where ``COLORTERM`` does not 
 
 from __future__ import annotations
 
-from eagle3proto import reducer
-from eagle3proto.reducer import View
+from eagle3proto import reducer, views
+from eagle3proto.views import View
 from rich.text import Text
 
 from . import fmt
@@ -213,7 +213,7 @@ def _series(rows: list[Row], now: float, field: str, seconds: int, bins: int) ->
     for r in rows:
         if r.state is None:
             continue
-        for i, x in enumerate(reducer.sparkline(r.state.history, now, seconds, field)):
+        for i, x in enumerate(views.sparkline(r.state.history, now, seconds, field)):
             total[i] += x
     return [sum(total[i : i + per]) for i in range(0, seconds, per)]
 

@@ -16,7 +16,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from eagle3proto import events as ev
-from eagle3proto import reducer
+from eagle3proto import reducer, views
 
 from eagle3d.remote.threadnames import name_threads
 from eagle3d.run import diskguard
@@ -124,7 +124,7 @@ class Ticker:
         from eagle3d.serve.notify import format_status
 
         led = self.pipeline.ledger
-        view = reducer.view(self.state, time.time())
+        view = views.view(self.state, time.time())
         phase = None if led.phase == "running" else led.phase
         self.notifier.status(format_status(view, phase))
         ping = self.watchdog.should_ping(now, led.last_progress, len(led.inflight), led.idle)

@@ -8,7 +8,7 @@ a notification must never take the daemon down.
 
 Also here, both pure (time is an argument):
 
-* :func:`format_status` turns a :class:`eagle3proto.reducer.View` into the one-line STATUS
+* :func:`format_status` turns a :class:`eagle3proto.views.View` into the one-line STATUS
   shown by ``systemctl status`` ("saved 18,420/37,312 · 1.1 samples/s · ETA 4 h 48 m");
 * :class:`WatchdogPolicy` decides whether the pipeline deserves a ``WATCHDOG=1`` ping, so a
   hung producer or a stuck commit stops the pings and systemd restarts the service, while an
@@ -22,7 +22,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from eagle3proto.reducer import View
+from eagle3proto.views import View
 
 # STATUS is shown on one line of `systemctl status`; keep it short and free of newlines.
 MAX_STATUS_CHARS = 200

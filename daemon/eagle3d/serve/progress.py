@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from eagle3proto import reducer
+from eagle3proto import views
 from eagle3proto.reducer import ShardState
 
 log = logging.getLogger("eagle3d")
@@ -48,7 +48,7 @@ def describe(s: ShardState, now: float) -> str:
         if s.producer == "waiting":
             what, since = s.producer_message or "waiting for the producer", s.producer_since
         return f"{what} · {_duration(now - since)}"
-    v = reducer.view(s, now)
+    v = views.view(s, now)
     total = f"{v.total:,}" if v.total >= 0 else "?"
     saved = f"saved {v.saved:,}/{total} ({v.percent:.1f}%)"
     failed = f" · {v.failed:,} failed" if v.failed else ""

@@ -16,7 +16,7 @@ import sys
 import time
 from importlib import resources
 
-from eagle3proto import paths, reducer
+from eagle3proto import paths, reducer, views
 from eagle3proto.journalread import Follower
 
 from eagle3d.serve.progress import ProgressLine
@@ -80,7 +80,7 @@ def run_demo(
         with open(log_path) as f:
             sys.stderr.write(f.read()[-3000:])
         return code
-    v = reducer.view(state, time.time())
+    v = views.view(state, time.time())
     print(
         f"\ndone in {elapsed:.1f} s: {v.saved} saved, {v.failed} failed of {v.total}; "
         f"{v.tokens_saved:,} tokens, {v.bytes_saved / 1e6:.1f} MB "

@@ -1,0 +1,252 @@
+"""What a screen shows of a shard: pure functions of (state, now).
+
+:func:`view` turns a :class:`~eagle3proto.reducer.ShardState` into the numbers a monitor
+shows (counters, rates, the ETA, the stall and freshness rules) given ``now``: time is an
+argument, never read here. :func:`combine` sums several shards' views.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import msgspec
+
+from .reducer import ETA_EARLY_FOR_S, ETA_WINDOW_EARLY_S, ETA_WINDOW_LATE_S, Bucket, ShardState
+
+
+class Rates(msgspec.Struct, kw_only=True):
+    samples_s: float = 0.0
+    tokens_s: float = 0.0
+    bytes_s: float = 0.0
+
+
+def rates(history: list[Bucket], now: float, window: float, since: float = 0.0) -> Rates:
+    """Average rates over the last ``window`` seconds before ``now``.
+
+    The span is shortened to the time since ``since`` (the session start) so a fresh run
+    is not diluted by seconds before it existed; under one second of data gives zeros.
+    """
+    start = max(now - window, since) if since else now - window
+    span = now - start
+    if span < 1.0:
+        return Rates()
+    n = tok = byt = 0
+    for b in reversed(history):
+        if b.t + 1 <= start:
+            break
+        if b.t > now:
+            continue
+        n += b.samples
+        tok += b.tokens
+        byt += b.bytes
+    return Rates(samples_s=n / span, tokens_s=tok / span, bytes_s=byt / span)
+
+
+def eta_seconds(remaining: int, rate: float) -> float | None:
+    """Seconds to finish ``remaining`` samples at ``rate``; None when it cannot be known."""
+    if remaining <= 0:
+        return 0.0
+    if rate <= 0:
+        return None
+    return remaining / rate
+
+
+def eta_window(up_for: float) -> float:
+    """The ETA's rate window after the producer has been up ``up_for`` seconds."""
+    return ETA_WINDOW_EARLY_S if up_for < ETA_EARLY_FOR_S else ETA_WINDOW_LATE_S
+
+
+def sparkline(history: list[Bucket], now: float, seconds: int, field: str = "samples") -> list[int]:
+    """Per-second values for the last ``seconds`` seconds (oldest first), zeros where idle."""
+    end = int(now)
+    vals = [0] * seconds
+    for b in reversed(history):
+        i = seconds - 1 - (end - b.t)
+        if i < 0:
+            break
+        if i < seconds:
+            vals[i] = getattr(b, field)
+    return vals
+
+
+class View(msgspec.Struct, kw_only=True):
+    """What a monitor shows for one shard (or the sum of several).
+
+    ``percent`` is saved over total: a failed sample is done but is not progress.
+    ``eta_s`` comes from ``rate_eta`` (since the producer came up, over ``eta_window_s``);
+    ``eta_frozen`` says why the ETA is frozen (``paused``, ``stopped``, ``stopping``,
+    ``producer down``, ``daemon down``): it is then the ETA when work stopped, and does not
+    count down.
+    """
+
+    label: str = ""
+    state: str = "empty"
+    state_reason: str = ""
+    total: int = -1
+    sent: int = 0
+    dumped: int = 0
+    saved: int = 0
+    failed: int = 0
+    in_flight: int = 0
+    committing: int = 0
+    remaining: int = 0
+    requests: int = 0
+    retries: int = 0
+    dumps: int = 0
+    orphans: int = 0
+    bytes_saved: int = 0
+    tokens_saved: int = 0
+    percent: float = 0.0
+    rate: Rates = msgspec.field(default_factory=Rates)
+    rate_1m: Rates = msgspec.field(default_factory=Rates)
+    rate_eta: Rates = msgspec.field(default_factory=Rates)
+    eta_window_s: float = 0.0
+    eta_s: float | None = None
+    eta_frozen: str = ""
+    up_s: float | None = None  # how long this session's producer has been up
+    age_s: float | None = None  # age of the newest record
+    ages: dict[str, float] = {}  # age of the newest record of each kind
+    changed_ago: dict[str, float] = {}  # age of the last change of sent/dumped/saved/failed
+
+
+def frozen_at(s: ShardState) -> tuple[float, str] | None:
+    """When and why the work of ``s`` stopped (so its ETA no longer counts down), or None."""
+    if s.state == "paused":
+        return s.state_since, "paused"
+    if s.state == "stopped":
+        return s.state_since, "stopped"
+    if s.state == "draining":
+        return s.state_since, "stopping"
+    if s.state == "running" and s.producer in ("down", "waiting"):
+        return s.producer_since, f"producer {s.producer}"
+    return None
+
+
+def view(
+    s: ShardState,
+    now: float,
+    label: str = "",
+    window: float = 60.0,
+    frozen: tuple[float, str] | None = None,
+) -> View:
+    """The numbers to show for one shard at time ``now``.
+
+    ``frozen`` (when, why) freezes the ETA for a reason the journal cannot know (the daemon
+    is gone); the journal's own reasons (:func:`frozen_at`) come first.
+    """
+    dumped = s.saved + s.committing
+    sent = dumped + s.in_flight
+    total = s.total
+    remaining = max(total - s.saved - s.failed, 0) if total >= 0 else 0
+    finished = s.state == "finished"
+    # Rates count from the producer's start: the model load is not time the run was slow.
+    since = 0.0 if finished else (s.up_ts or s.session_start_ts)
+    r = rates(s.history, now, window, since)
+    r10 = rates(s.history, now, 10.0, since)
+    stop = None if finished else (frozen_at(s) or frozen)
+    at = now if stop is None else min(max(stop[0], since), now)
+    up_for = at - s.up_ts if s.up_ts else 0.0
+    ew = eta_window(up_for)
+    re_ = rates(s.history, at, ew, since)
+    newest = max(s.last_ts.values()) if s.last_ts else None
+    # Saved of total: a failed sample is not done work ("saved 0 / 218 (0 %), 218 failed").
+    pct = 100.0 * s.saved / total if total > 0 else (100.0 if total == 0 else 0.0)
+    return View(
+        label=label,
+        state=s.state,
+        state_reason=s.state_reason,
+        total=total,
+        sent=sent,
+        dumped=dumped,
+        saved=s.saved,
+        failed=s.failed,
+        in_flight=s.in_flight,
+        committing=s.committing,
+        remaining=remaining,
+        requests=s.requests,
+        retries=s.retries,
+        dumps=s.dumps,
+        orphans=s.orphans,
+        bytes_saved=s.bytes_saved,
+        tokens_saved=s.tokens_saved,
+        percent=pct,
+        rate=r10,
+        rate_1m=r,
+        rate_eta=re_,
+        eta_window_s=ew,
+        eta_s=0.0 if finished else eta_seconds(remaining, re_.samples_s),
+        eta_frozen="" if stop is None or remaining == 0 else stop[1],
+        up_s=max(now - s.up_ts, 0.0) if s.up_ts and not finished else None,
+        age_s=None if newest is None else max(now - newest, 0.0),
+        ages={k: max(now - t, 0.0) for k, t in s.last_ts.items()},
+        changed_ago={k: max(now - t, 0.0) for k, t in s.changed.items()},
+    )
+
+
+def combine(views: list[View], now_label: str = "total") -> View:
+    """Sum several shards' views into one row.
+
+    Rates add. Shards run side by side, so the job's ETA is the latest shard's (unknown if
+    any shard with work left has none), frozen when any shard with work left is frozen.
+    """
+    if not views:
+        return View(label=now_label)
+    total = -1 if any(v.total < 0 for v in views) else sum(v.total for v in views)
+    out = View(label=now_label, total=total)
+    for f in (
+        "sent",
+        "dumped",
+        "saved",
+        "failed",
+        "in_flight",
+        "committing",
+        "remaining",
+        "requests",
+        "retries",
+        "dumps",
+        "orphans",
+        "bytes_saved",
+        "tokens_saved",
+    ):
+        setattr(out, f, sum(getattr(v, f) for v in views))
+    out.rate = _sum_rates(v.rate for v in views)
+    out.rate_1m = _sum_rates(v.rate_1m for v in views)
+    out.rate_eta = _sum_rates(v.rate_eta for v in views)
+    out.percent = 100.0 * out.saved / total if total > 0 else 0.0
+    states = {v.state for v in views}
+    out.state = next(
+        (
+            st
+            for st in (
+                "paused",
+                "loading",
+                "starting",
+                "running",
+                "draining",
+                "stopped",
+                "finished",
+                "empty",
+            )
+            if st in states
+        ),
+        "empty",
+    )
+    busy = [v for v in views if v.remaining > 0]
+    etas = [v.eta_s for v in busy]
+    out.eta_s = 0.0 if not busy else (None if None in etas else max(e or 0.0 for e in etas))
+    out.eta_frozen = next((v.eta_frozen for v in busy if v.eta_frozen), "")
+    out.eta_window_s = max((v.eta_window_s for v in views), default=0.0)
+    ups = [v.up_s for v in views if v.up_s is not None]
+    out.up_s = max(ups) if ups else None
+    ages = [v.age_s for v in views if v.age_s is not None]
+    out.age_s = min(ages) if ages else None
+    return out
+
+
+def _sum_rates(rs: Iterable[Rates]) -> Rates:
+    out = Rates()
+    for r in rs:
+        out.samples_s += r.samples_s
+        out.tokens_s += r.tokens_s
+        out.bytes_s += r.bytes_s
+    return out
