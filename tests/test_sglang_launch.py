@@ -12,6 +12,7 @@ import pytest
 from eagle3d.cli import main
 from eagle3d.remote.sglang_rid import FACTORY
 from eagle3d.tools import sglang_launch as sl
+from eagle3d.tools import sglang_supervise as sv
 
 
 def spec_of(args: list[str]) -> dict[str, object]:
@@ -101,7 +102,7 @@ def test_serve_dry_run_and_refusals(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 def test_serve_returns_the_server_exit_status(tmp_path: Path) -> None:
     # a "server" that exits at once with status 3: supervise reports it
-    rc = sl.supervise(
+    rc = sv.supervise(
         [sys.executable, "-c", "import sys; sys.exit(3)"], {}, "http://127.0.0.1:9", poll=0.05
     )
     assert rc == 3
@@ -111,7 +112,7 @@ def test_serve_returns_the_server_exit_status(tmp_path: Path) -> None:
     )
     assert r.returncode == -9
     assert (
-        sl.supervise(
+        sv.supervise(
             [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
             {},
             "http://127.0.0.1:9",
@@ -170,9 +171,9 @@ def test_serve_writes_the_model_default_layers_into_the_spec(
 
 
 def test_restart_policy() -> None:
-    p = sl.RestartPolicy(base=2, cap=10, stable=300, max_unready=3)
+    p = sv.RestartPolicy(base=2, cap=10, stable=300, max_unready=3)
     assert p.died(ready=False, life_s=5) is None  # never ready: a configuration error
-    p = sl.RestartPolicy(base=2, cap=10, stable=300, max_unready=3)
+    p = sv.RestartPolicy(base=2, cap=10, stable=300, max_unready=3)
     assert [p.died(ready=True, life_s=30) for _ in range(4)] == [2, 4, 8, 10]
     assert p.died(ready=True, life_s=301) == 2  # a long healthy life resets the back-off
     assert p.died(ready=False, life_s=1) == 4 and p.died(ready=False, life_s=1) == 8
@@ -214,9 +215,9 @@ def test_serve_restarts_a_server_that_died_after_it_was_ready_until_stopped(
     stopper.start()
     caplog.set_level(logging.INFO, "eagle3d.sglang")
     try:
-        rc = sl.supervise(
+        rc = sv.supervise(
             cmd, dict(os.environ), f"http://127.0.0.1:{port}", poll=0.05,
-            policy=sl.RestartPolicy(base=0.1, cap=0.2),
+            policy=sv.RestartPolicy(base=0.1, cap=0.2),
         )  # fmt: skip
     finally:
         stopper.cancel()
@@ -236,7 +237,7 @@ def test_a_killed_serve_sglang_takes_its_server_with_it(tmp_path: Path) -> None:
     pidfile = tmp_path / "server.pid"
     child = f"import os, time; open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
     sup = (
-        "import sys; from eagle3d import sglang_launch as sl; "
+        "import sys; from eagle3d.tools import sglang_supervise as sl; "
         f"sl.supervise([sys.executable, '-c', {child!r}], {{}}, 'http://127.0.0.1:9', poll=0.05)"
     )
     proc = subprocess.Popen([sys.executable, "-c", sup])
