@@ -278,11 +278,14 @@ def test_requests_that_are_not_ours_write_no_dump(
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the dump area is a size-limited tmpfs (root)")
 def test_a_full_dump_area_pauses_the_run_and_burns_no_sample(
-    model10: Path, server: sr.Server, work: Path
+    model10: Path, server: sr.Server, work: Path, extraction: dict[str, Any]
 ) -> None:
     """The server's dump area fills up mid-run (the hook's writes fail with ENOSPC): no
     sample is failed for it, the run pauses and waits, and after space is freed it finishes
     exactly once."""
+    # The server's one injected drop (hook_drop, armed at its start) must have fired in the
+    # extraction, or it would land here as a legitimate, counted attempt.
+    assert (work / "hook-drop.fired").exists(), "the extraction should have used up the drop"
     data, valid, bad, _ = dataset(work, "full", 40, seed=5)
     out = work / "full"
     ballast = server.dump_dir / "ballast"
