@@ -16,7 +16,7 @@ import psutil
 import runkit
 from eagle3d.core.sample import Request
 from eagle3d.produce.base import DUMP_GRACE_S
-from eagle3d.produce.hf import HFProducer, _Worker
+from eagle3d.produce.hf import HFProducer
 from eagle3d.produce.hf_layout import (
     model_weight_bytes,
     usable_cpus,
@@ -24,6 +24,8 @@ from eagle3d.produce.hf_layout import (
     worker_device,
     worker_layout,
 )
+from eagle3d.produce.hf_workers import Worker as _Worker
+from eagle3d.remote import hf_protocol as pr
 
 GiB = 1 << 30
 
@@ -139,7 +141,7 @@ def test_a_request_goes_to_the_worker_with_the_fewest_tokens_outstanding() -> No
         for i in range(5):
             p.submit(Request(rid=f"n{i}", idx=i, input_ids=[1] * 20))
             chosen.append(0 if f"n{i}" in ws[0].inflight else 1)
-        p._on_message(ws[0], {"op": "done", "rids": ["a"], "secs": 0.1})
+        p._on_message(ws[0], _msg({"op": "done", "rids": ["a"], "secs": 0.1}))
         assert "a" not in ws[0].inflight  # a finished request no longer counts
         return chosen
 
@@ -168,7 +170,7 @@ def test_a_written_dump_the_daemon_never_saw_is_retried_after_the_grace() -> Non
     p._events = events
     w = _Worker(0, _Proc())
     p.dump_arrived("early")  # seen before its batch's "written" (the usual order)
-    p._on_message(w, {"op": "written", "rids": ["early", "seen", "lost"]})
+    p._on_message(w, _msg({"op": "written", "rids": ["early", "seen", "lost"]}))
     p.dump_arrived("seen")  # seen after it
     assert p._grace.awaiting == ["lost"] and not p._grace.arrived_early
     t = time.monotonic()
@@ -207,6 +209,16 @@ def test_a_default_cpu_run_starts_the_automatic_layout(
     assert health and health[-1]["detail"]["workers"] == workers
 
 
+def _msg(d: dict[str, Any]) -> pr.FromWorker:
+    """A worker's message, typed as the pipe's decoder gives it (a batch's token counts
+    default to none)."""
+    import msgspec
+
+    if d["op"] == "done":
+        d = {"tokens": 0, "padded": 0, **d}
+    return msgspec.convert(d, pr.FromWorker)  # type: ignore[arg-type]
+
+
 def _frames(w: _Worker) -> list[dict[str, Any]]:
     """The messages the producer wrote to a fake worker's stdin."""
     import msgspec
@@ -233,28 +245,28 @@ def test_an_idle_worker_takes_over_half_of_what_waits_at_a_busy_one() -> None:
         for i in range(7):
             p.submit(Request(rid=f"r{i}", idx=i, input_ids=[1] * (100 if i == 0 else 50)))
         p._workers = list(ws)
-        p._on_message(ws[1], {"op": "start", "rids": ["r0"]})
-        p._on_message(ws[0], {"op": "done", "rids": [], "secs": 0.1})
+        p._on_message(ws[1], _msg({"op": "start", "rids": ["r0"]}))
+        p._on_message(ws[0], _msg({"op": "done", "rids": [], "secs": 0.1}))
         assert [m for m in _frames(ws[1]) if m["op"] == "give"] == []  # not yet: it may hang
-        p._on_message(ws[0], {"op": "idle"})  # worker 0's loop waits for work
+        p._on_message(ws[0], _msg({"op": "idle"}))  # worker 0's loop waits for work
         asked = [m for m in _frames(ws[1]) if m["op"] == "give"]
         # Waiting 300 + running 100/2 = 350 left; half is 175: the newest four of 50 (200)
         # would pass it, so three go (150), newest first.
         assert asked == [{"op": "give", "rids": ["r6", "r5", "r4"]}]
         assert ws[1].asked
-        p._on_message(ws[0], {"op": "idle"})
+        p._on_message(ws[0], _msg({"op": "idle"}))
         assert len([m for m in _frames(ws[1]) if m["op"] == "give"]) == 1  # one at a time
         p.cancel("r5")  # the daemon gave up on one meanwhile
         # r4 had started at worker 1 by then: only r6 and r5 come back, and r5 is cancelled.
-        p._on_message(ws[1], {"op": "given", "rids": ["r6", "r5"]})
+        p._on_message(ws[1], _msg({"op": "given", "rids": ["r6", "r5"]}))
         assert not ws[1].asked
         moved = [m["rid"] for m in _frames(ws[0]) if m["op"] == "req"]
         assert moved == ["r6"]
         assert "r6" not in ws[1].inflight and ws[0].inflight == {"r6": 50}
         assert p.health().detail["moved"] == 1.0
         # A worker with requests of its own waiting never asks.
-        p._on_message(ws[1], {"op": "done", "rids": ["r0"], "secs": 0.1})
-        p._on_message(ws[1], {"op": "idle"})
+        p._on_message(ws[1], _msg({"op": "done", "rids": ["r0"], "secs": 0.1}))
+        p._on_message(ws[1], _msg({"op": "idle"}))
         assert [m for m in _frames(ws[0]) if m["op"] == "give"] == []
 
     asyncio.run(scenario())
@@ -280,17 +292,17 @@ def test_a_worker_owes_progress_for_work_sent_even_after_it_is_taken_away() -> N
         other.inflight = {"x": 1}  # busy, yet less than w: "b" goes there when given
         p._workers = [w, other]
         w.inflight["y"] = 100
-        p._on_message(w, {"op": "given", "rids": ["b"]})  # taken by another: still owed
+        p._on_message(w, _msg({"op": "given", "rids": ["b"]}))  # taken by another: still owed
         assert "b" in other.inflight and "b" not in w.inflight
         p.cancel("y")
         p._workers = [w]
         assert p._hung(w, t + 6.0)
-        p._on_message(w, {"op": "idle"})  # its loop is alive and waits: nothing owed
+        p._on_message(w, _msg({"op": "idle"}))  # its loop is alive and waits: nothing owed
         assert not p._hung(w, time.monotonic() + 60.0)
         p.submit(Request(rid="c", idx=2, input_ids=[1] * 10))
-        p._on_message(w, {"op": "start", "rids": ["c"]})  # progress: a fresh clock
+        p._on_message(w, _msg({"op": "start", "rids": ["c"]}))  # progress: a fresh clock
         assert not p._hung(w, time.monotonic() + 1.0) and p._hung(w, time.monotonic() + 6.0)
-        p._on_message(w, {"op": "done", "rids": ["c"], "secs": 0.1})
+        p._on_message(w, _msg({"op": "done", "rids": ["c"], "secs": 0.1}))
         assert not w.inflight and not p._hung(w, time.monotonic() + 60.0)  # idle is not hung
 
     asyncio.run(scenario())

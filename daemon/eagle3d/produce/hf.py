@@ -16,9 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import sys
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from eagle3proto.events import ProducerHealth
@@ -33,27 +31,8 @@ from eagle3d.produce.hf_layout import (
     worker_device,
     worker_layout,
 )
+from eagle3d.produce.hf_workers import ProducerStartError, Worker, WorkerArgs, launch
 from eagle3d.remote import hf_protocol as pr
-
-
-class ProducerStartError(RuntimeError):
-    """The worker could not load the model."""
-
-
-@dataclass(slots=True)
-class _Worker:
-    slot: int
-    proc: asyncio.subprocess.Process
-    inflight: dict[str, int] = field(default_factory=dict)  # rid -> tokens, oldest first
-    running: set[str] = field(default_factory=set)  # the batch it is computing now
-    asked: bool = False  # a "give" to it is unanswered
-    last_progress: float = 0.0
-    # Work was sent here since the worker last made progress or said it was idle: its hang
-    # clock runs, whatever then took the work away (the daemon's timeout, another worker).
-    owes: bool = False
-    ready: asyncio.Future[pr.Ready] | None = None
-    info: pr.Ready | None = None
-    stopping: bool = False
 
 
 class HFProducer(Producer):
@@ -87,7 +66,7 @@ class HFProducer(Producer):
         self.hang_timeout = hang_timeout
         self.threads = threads
         self._window = window
-        self._workers: list[_Worker | None] = [None] * max(1, workers)
+        self._workers: list[Worker | None] = [None] * max(1, workers)
         self._events: ProducerEvents | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._restarts = 0
@@ -132,41 +111,11 @@ class HFProducer(Producer):
             f"malloc: {'/'.join(malloc)}",
         )
 
-    async def _spawn(self, slot: int) -> _Worker:
-        cmd = [
-            sys.executable,
-            "-m",
-            "eagle3d.remote.hf_worker",
-            "--model",
-            self.model,
-            "--dump-dir",
-            self.dump_dir,
-            "--batch-tokens",
-            str(self.batch_tokens),
-            "--device",
-            worker_device(self.device, slot, self._gpus),
-            "--dtype",
-            self.dtype,
-        ]
-        if self.aux_layers:
-            cmd += ["--aux-layers", ",".join(map(str, self.aux_layers))]
-        if self.store_dtype:
-            cmd += ["--store-dtype", self.store_dtype]
-        cmd += ["--threads", str(self.threads)]
-        proc = await asyncio.create_subprocess_exec(
-            *cmd,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            env={
-                **os.environ,
-                "PYTHONUNBUFFERED": "1",
-                # A worker never downloads, and its progress bars would only clutter the log.
-                "HF_HUB_OFFLINE": "1",
-                "HF_HUB_DISABLE_PROGRESS_BARS": "1",
-                "TRANSFORMERS_VERBOSITY": "error",
-            },
-        )
-        w = _Worker(slot, proc, last_progress=time.monotonic())
+    async def _spawn(self, slot: int) -> Worker:
+        device = worker_device(self.device, slot, self._gpus)
+        args = WorkerArgs(self.model, self.dump_dir, self.batch_tokens, device, self.dtype, self.aux_layers, self.store_dtype, self.threads)  # fmt: skip
+        proc = await launch(args)
+        w = Worker(slot, proc, last_progress=time.monotonic())
         w.ready = asyncio.get_running_loop().create_future()
         self._workers[slot] = w
         self._track(asyncio.create_task(self._read(w)))
@@ -181,7 +130,7 @@ class HFProducer(Producer):
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _read(self, w: _Worker) -> None:
+    async def _read(self, w: Worker) -> None:
         frames = FrameBuffer()
         assert w.proc.stdout is not None
         while True:
@@ -194,7 +143,7 @@ class HFProducer(Producer):
             code = await w.proc.wait()
             w.ready.set_exception(ProducerStartError(f"hf worker exited with {code} while loading"))
 
-    def _on_message(self, w: _Worker, msg: pr.FromWorker) -> None:
+    def _on_message(self, w: Worker, msg: pr.FromWorker) -> None:
         now = time.monotonic()
         if isinstance(msg, pr.Ready):
             assert w.ready is not None
@@ -243,7 +192,7 @@ class HFProducer(Producer):
             self._requests.pop(msg.rid, None)
             self._events.request_failed(msg.rid, msg.error, msg.message, True)
 
-    def _balance(self, idle: _Worker) -> None:
+    def _balance(self, idle: Worker) -> None:
         """``idle`` waits for work with nothing queued: take over part of the requests
         waiting at the busiest worker, so that both run out at about the same time.
 
@@ -255,7 +204,7 @@ class HFProducer(Producer):
         """
         if idle.inflight or idle.stopping:
             return
-        best: tuple[int, _Worker, list[str]] | None = None
+        best: tuple[int, Worker, list[str]] | None = None
         for v in self._workers:
             if v is None or v is idle or v.asked or v.stopping:
                 continue
@@ -294,7 +243,7 @@ class HFProducer(Producer):
                 why = f"the worker wrote its dump {self._grace.grace:.0f} s ago and none arrived"
                 self._events.request_failed(rid, "DumpMissing", why, True)
 
-    async def _watch(self, w: _Worker) -> None:
+    async def _watch(self, w: Worker) -> None:
         """Restart the worker when it dies or hangs; its in-flight requests are resent."""
         while True:
             try:
@@ -316,7 +265,7 @@ class HFProducer(Producer):
             await self._restart(w, reason)
             return
 
-    async def _restart(self, w: _Worker, reason: str) -> None:
+    async def _restart(self, w: Worker, reason: str) -> None:
         assert self._events is not None
         lost = list(w.inflight)
         w.inflight.clear()
@@ -414,7 +363,7 @@ class HFProducer(Producer):
     def is_stuck(self, now: float) -> bool:
         return any(w is not None and self._hung(w, now) for w in self._workers)
 
-    def _hung(self, w: _Worker, now: float) -> bool:
+    def _hung(self, w: Worker, now: float) -> bool:
         """Work was sent to ``w`` and it made no progress (a batch started or done, or its
         loop waiting for work) for ``hang_timeout``, even if the work has since been taken
         away: by the daemon's own request timeout (the same length) or by an idle worker

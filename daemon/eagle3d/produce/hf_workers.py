@@ -1,0 +1,73 @@
+"""The HF producer's worker processes: how one is started, and what the producer knows of it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from dataclasses import dataclass, field
+
+from eagle3d.remote import hf_protocol as pr
+
+
+class ProducerStartError(RuntimeError):
+    """The worker could not load the model."""
+
+
+@dataclass(slots=True)
+class Worker:
+    """One worker process, as the producer tracks it."""
+
+    slot: int
+    proc: asyncio.subprocess.Process
+    inflight: dict[str, int] = field(default_factory=dict)  # rid -> tokens, oldest first
+    running: set[str] = field(default_factory=set)  # the batch it is computing now
+    asked: bool = False  # a "give" to it is unanswered
+    last_progress: float = 0.0
+    # Work was sent here since the worker last made progress or said it was idle: its hang
+    # clock runs, whatever then took the work away (the daemon's timeout, another worker).
+    owes: bool = False
+    ready: asyncio.Future[pr.Ready] | None = None
+    info: pr.Ready | None = None
+    stopping: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerArgs:
+    """What a worker is started with (its command line)."""
+
+    model: str
+    dump_dir: str
+    batch_tokens: int
+    device: str
+    dtype: str
+    aux_layers: list[int]
+    store_dtype: str
+    threads: int
+
+    def argv(self) -> list[str]:
+        cmd = [sys.executable, "-m", "eagle3d.remote.hf_worker", "--model", self.model]
+        cmd += ["--dump-dir", self.dump_dir, "--batch-tokens", str(self.batch_tokens)]
+        cmd += ["--device", self.device, "--dtype", self.dtype]
+        if self.aux_layers:
+            cmd += ["--aux-layers", ",".join(map(str, self.aux_layers))]
+        if self.store_dtype:
+            cmd += ["--store-dtype", self.store_dtype]
+        return [*cmd, "--threads", str(self.threads)]
+
+
+async def launch(args: WorkerArgs) -> asyncio.subprocess.Process:
+    """Start a worker process with a pipe each way."""
+    return await asyncio.create_subprocess_exec(
+        *args.argv(),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        env={
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            # A worker never downloads, and its progress bars would only clutter the log.
+            "HF_HUB_OFFLINE": "1",
+            "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+            "TRANSFORMERS_VERBOSITY": "error",
+        },
+    )
