@@ -27,7 +27,13 @@ from eagle3d.produce.sglang_info import (
     server_url_problem,
 )
 from eagle3d.remote.sglang_hook import hook_spec
-from eagle3d.remote.sglang_rid import FACTORY, failure_marker_name, parse_sglang_rid
+from eagle3d.remote.sglang_rid import (
+    FACTORIES,
+    FACTORY,
+    LEGACY_FACTORY,
+    failure_marker_name,
+    parse_sglang_rid,
+)
 
 
 class Events:
@@ -446,7 +452,14 @@ def test_parse_metrics_and_rate() -> None:
     assert rate(None, 5, 1.0) is None
     assert rate((1.0, 10.0), 30.0, 3.0) == 10.0
     assert rate((1.0, 10.0), 3.0, 3.0) is None  # counter reset: a restarted server
-    assert FACTORY == "eagle3d.sglang_hook:make_hook"
+    assert FACTORY == "eagle3d.remote.sglang_hook:make_hook"
+    # Launch lines written before the hook moved still name the old place, which still works.
+    assert LEGACY_FACTORY == "eagle3d.sglang_hook:make_hook" and LEGACY_FACTORY in FACTORIES
+    import importlib
+
+    from eagle3d.remote.sglang_hook import make_hook
+
+    assert importlib.import_module(LEGACY_FACTORY.split(":")[0]).make_hook is make_hook
 
 
 def test_run_refuses_a_server_url_that_does_not_parse_before_starting(tmp_path: Path) -> None:

@@ -29,9 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
-import os
 import random
 import time
 from typing import Any
@@ -47,11 +45,14 @@ from eagle3d.produce.sglang_info import (
     NotSGLang,
     ServerUnfit,
     check_server_info,
-    excerpt,
+    error_text,
     parse_metrics,
     rate,
+    server_info,
+    why,
 )
-from eagle3d.remote.sglang_rid import parse_failure_marker, sglang_rid
+from eagle3d.produce.sglang_markers import dump_area_words, marker_message, take_markers
+from eagle3d.remote.sglang_rid import sglang_rid
 
 log = logging.getLogger("eagle3d.produce.sglang")
 # httpx logs every request at INFO: thousands of lines a minute in the daemon's log, and the
@@ -59,7 +60,6 @@ log = logging.getLogger("eagle3d.produce.sglang")
 logging.getLogger("httpx").setLevel(logging.WARNING)
 
 WAITING_EVERY_S = 10.0  # how often "waiting for SGLang at URL (N s)" is said while it is not up
-STALE_MARKER_S = 600.0  # a failure marker nobody read in this long belongs to no live client
 
 
 class SGLangProducer(Producer):
@@ -146,7 +146,7 @@ class SGLangProducer(Producer):
                     await self.client.aclose()
                     raise ConnectionError(
                         f"SGLang at {self.url} did not answer within {self.start_timeout:.0f} s: "
-                        f"{_why(e)}"
+                        f"{why(e)}"
                     ) from e
                 if waited - said >= WAITING_EVERY_S:
                     said = waited
@@ -244,10 +244,10 @@ class SGLangProducer(Producer):
 
     def _judge(self, req: Request, r: httpx.Response) -> None:
         if r.status_code in BAD_SAMPLE:
-            self._failed(req.rid, f"HTTP{r.status_code}", _error_text(r), False)
+            self._failed(req.rid, f"HTTP{r.status_code}", error_text(r), False)
             return
         if r.status_code != 200:
-            self._failed(req.rid, f"HTTP{r.status_code}", _error_text(r), True)
+            self._failed(req.rid, f"HTTP{r.status_code}", error_text(r), True)
             return
         try:
             out = r.json()
@@ -290,50 +290,12 @@ class SGLangProducer(Producer):
         once; without one, failed (retryable) as ``DumpMissing`` after the grace."""
         awaiting = self._grace.awaiting
         if awaiting:
-            for rid, reason in self._markers(set(awaiting)).items():
+            for rid, reason in take_markers(self.dump_dir, set(awaiting)).items():
                 self._grace.forget(rid)
-                self._failed(rid, "DumpWriteError", self._marker_message(reason), True)
+                self._failed(rid, "DumpWriteError", marker_message(self.dump_dir, reason), True)
         for rid in self._grace.late(now):
             why = f"/generate answered {self._grace.grace:.0f} s ago and no dump arrived"
-            self._failed(rid, "DumpMissing", f"{why}; {self._dump_area()}", True)
-
-    def _markers(self, rids: set[str]) -> dict[str, str]:
-        """Failure markers the hook left for these requests (each removed once read)."""
-        try:
-            names = os.listdir(self.dump_dir)
-        except OSError:
-            return {}
-        found: dict[str, str] = {}
-        for name in names:
-            parsed = parse_failure_marker(name)
-            if parsed is None:
-                continue
-            path = os.path.join(self.dump_dir, name)
-            if parsed[0] in rids:
-                found[parsed[0]] = parsed[1]
-            else:
-                try:  # another shard's (read within seconds by its client), or stale
-                    if time.time() - os.stat(path).st_mtime < STALE_MARKER_S:
-                        continue
-                except OSError:
-                    continue
-            with contextlib.suppress(OSError):
-                os.unlink(path)
-        return found
-
-    def _marker_message(self, reason: str) -> str:
-        if reason == "LOST":
-            return "the server's hook lost the request's earlier chunks (see the server log)"
-        text = os.strerror(getattr(errno, reason)) if hasattr(errno, reason) else "failed"
-        where = self._dump_area()
-        return f"the server's hook could not write the dump: {reason}: {text}; {where}"
-
-    def _dump_area(self) -> str:
-        try:
-            st = os.statvfs(self.dump_dir)
-        except OSError as e:
-            return f"dump area {self.dump_dir}: {e.strerror}"
-        return f"dump area {self.dump_dir} has {st.f_bavail * st.f_frsize} bytes free"
+            self._failed(rid, "DumpMissing", f"{why}; {dump_area_words(self.dump_dir)}", True)
 
     def _failed(self, rid: str, error: str, message: str, retryable: bool) -> None:
         self._grace.forget(rid)
@@ -362,43 +324,9 @@ class SGLangProducer(Producer):
         )
 
     async def _server_info(self, starting: bool = False) -> dict[str, Any]:
-        """``GET /server_info`` (``/get_server_info`` on older servers) as a dict.
-
-        ``starting``: an answer that no SGLang gives (a 404 on both paths, another 4xx, a body
-        that is not a JSON object with SGLang's keys) raises :class:`NotSGLang`, naming what
-        was answered; 502/503/504 and transport errors raise as usual (not up yet).
-        """
+        """``GET /server_info`` (:func:`eagle3d.produce.sglang_info.server_info`)."""
         assert self.client is not None
-        r = await self.client.get(self._info_path, timeout=10.0)
-        if r.status_code == 404 and self._info_path == "/server_info":
-            first = r
-            r = await self.client.get("/get_server_info", timeout=10.0)
-            if r.status_code != 404:
-                self._info_path = "/get_server_info"  # older servers
-            elif starting:
-                raise NotSGLang(
-                    f"{self.url} is not an SGLang server: GET /server_info answered HTTP 404 "
-                    f"({excerpt(first)!r}) and GET /get_server_info HTTP 404 ({excerpt(r)!r})"
-                )
-        if starting and r.status_code not in SERVER_DOWN and r.status_code >= 400:
-            raise NotSGLang(
-                f"{self.url} is not an SGLang server: GET {r.request.url.path} answered HTTP "
-                f"{r.status_code} ({excerpt(r)!r})"
-            )
-        r.raise_for_status()
-        try:
-            info = r.json()
-        except ValueError:
-            info = None
-        if not isinstance(info, dict) or not ({"version", "model_path"} & info.keys()):
-            if starting:
-                raise NotSGLang(
-                    f"{self.url} is not an SGLang server: GET {r.request.url.path} answered HTTP "
-                    f"{r.status_code} with {excerpt(r)!r}, not SGLang's server info"
-                )
-            raise httpx.HTTPStatusError(
-                "server_info is not an object", request=r.request, response=r
-            )
+        info, self._info_path = await server_info(self.client, self.url, self._info_path, starting)  # fmt: skip
         return info
 
     async def refresh(self) -> None:
@@ -443,19 +371,3 @@ class SGLangProducer(Producer):
             if per_s is not None:
                 self.detail["prompt_tokens_s"] = round(per_s, 1)
             self._prompt_prev = (now, total)
-
-
-def _error_text(r: httpx.Response) -> str:
-    try:
-        body = r.json()
-        err = body.get("error", body) if isinstance(body, dict) else body
-        msg = err.get("message", err) if isinstance(err, dict) else err
-        return str(msg)[:300]
-    except ValueError:
-        return r.text[:300]
-
-
-def _why(e: Exception) -> str:
-    if isinstance(e, httpx.HTTPStatusError):
-        return f"HTTP {e.response.status_code}"
-    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__

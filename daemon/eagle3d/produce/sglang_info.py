@@ -113,3 +113,62 @@ def check_server_info(info: dict[str, Any], dump_dir: str, aux_layers: list[int]
             "the server runs with the radix cache on: prefix-cache hits are refused and retried"
         )
     return str(info.get("version", "?"))
+
+
+def error_text(r: httpx.Response) -> str:
+    """The error message of a failed answer, short."""
+    try:
+        body = r.json()
+        err = body.get("error", body) if isinstance(body, dict) else body
+        msg = err.get("message", err) if isinstance(err, dict) else err
+        return str(msg)[:300]
+    except ValueError:
+        return r.text[:300]
+
+
+def why(e: Exception) -> str:
+    """An exception from the HTTP client, in a few words."""
+    if isinstance(e, httpx.HTTPStatusError):
+        return f"HTTP {e.response.status_code}"
+    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+
+
+async def server_info(
+    client: httpx.AsyncClient, url: str, path: str, starting: bool = False
+) -> tuple[dict[str, Any], str]:
+    """``GET path`` (``/server_info``; ``/get_server_info`` on older servers) as a dict, and the
+    path that answered (ask that one next time).
+
+    ``starting``: an answer that no SGLang gives (a 404 on both paths, another 4xx, a body
+    that is not a JSON object with SGLang's keys) raises :class:`NotSGLang`, naming what
+    was answered; 502/503/504 and transport errors raise as usual (not up yet).
+    """
+    r = await client.get(path, timeout=10.0)
+    if r.status_code == 404 and path == "/server_info":
+        first = r
+        r = await client.get("/get_server_info", timeout=10.0)
+        if r.status_code != 404:
+            path = "/get_server_info"  # older servers
+        elif starting:
+            raise NotSGLang(
+                f"{url} is not an SGLang server: GET /server_info answered HTTP 404 "
+                f"({excerpt(first)!r}) and GET /get_server_info HTTP 404 ({excerpt(r)!r})"
+            )
+    if starting and r.status_code not in SERVER_DOWN and r.status_code >= 400:
+        raise NotSGLang(
+            f"{url} is not an SGLang server: GET {r.request.url.path} answered HTTP "
+            f"{r.status_code} ({excerpt(r)!r})"
+        )
+    r.raise_for_status()
+    try:
+        info = r.json()
+    except ValueError:
+        info = None
+    if not isinstance(info, dict) or not ({"version", "model_path"} & info.keys()):
+        if starting:
+            raise NotSGLang(
+                f"{url} is not an SGLang server: GET {r.request.url.path} answered HTTP "
+                f"{r.status_code} with {excerpt(r)!r}, not SGLang's server info"
+            )
+        raise httpx.HTTPStatusError("server_info is not an object", request=r.request, response=r)
+    return info, path
