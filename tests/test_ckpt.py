@@ -13,6 +13,7 @@ import pytest
 import torch
 from eagle3d.dumps.format import Dump
 from eagle3d.store import archive as ckpt
+from eagle3d.store import directio
 from eagle3d.store.committer import Committer
 from eagle3d.store.crc import file_checksum
 
@@ -151,11 +152,11 @@ def test_committer_uses_torch_save_beyond_the_limit(
 
 
 def test_direct_buffer_grows_while_an_old_view_is_still_held() -> None:
-    buf = ckpt.DirectBuffer()
+    buf = directio.DirectBuffer()
     old = buf.view(10)
-    assert len(old) == ckpt.BLOCK and buf.size == 1 << 20
+    assert len(old) == directio.BLOCK and buf.size == 1 << 20
     new = buf.view((1 << 20) + 1)  # must not fail on the view still held above
-    assert len(new) == (1 << 20) + ckpt.BLOCK
+    assert len(new) == (1 << 20) + directio.BLOCK
     old[0] = 7  # the old mapping stays valid for whoever still holds it
     assert old[0] == 7
 
@@ -172,26 +173,26 @@ def test_the_file_ends_on_a_block_boundary_padded_by_the_zip_comment(
     path = tmp_path / "s.ckpt"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        w = ckpt.write(fd, sample, direct=ckpt.DirectBuffer())
+        w = ckpt.write(fd, sample, direct=directio.DirectBuffer())
     finally:
         os.close(fd)
     assert truncated == []
-    assert w.nbytes % ckpt.BLOCK == 0 and path.stat().st_size == w.nbytes
+    assert w.nbytes % directio.BLOCK == 0 and path.stat().st_size == w.nbytes
     with zipfile.ZipFile(path) as z:
         assert z.testzip() is None
-        assert set(z.comment) <= {ord(" ")} and len(z.comment) < ckpt.BLOCK
+        assert set(z.comment) <= {ord(" ")} and len(z.comment) < directio.BLOCK
     for kwargs in ({}, {"weights_only": True}, {"mmap": True, "weights_only": True}):
         got = torch.load(path, **kwargs)
         assert all(torch.equal(got[k], v) for k, v in sample.items())
 
 
 def test_flush_direct_cuts_data_that_does_not_fill_its_last_block(tmp_path: Path) -> None:
-    buf = ckpt.DirectBuffer()
+    buf = directio.DirectBuffer()
     view = buf.view(5000)
     view[:5000] = b"x" * 5000
     fd = os.open(tmp_path / "f", os.O_WRONLY | os.O_CREAT, 0o644)
     try:
-        ckpt.flush_direct(fd, view, 5000)
+        directio.flush_direct(fd, view, 5000)
     finally:
         os.close(fd)
     assert (tmp_path / "f").read_bytes() == b"x" * 5000

@@ -17,7 +17,7 @@ from eagle3d.dumps.format import BadDump, Dump, DumpVanished, read_dump, read_he
 from eagle3d.remote.dumpfile import write_dump
 from eagle3d.store import archive as ckpt
 from eagle3d.store import committer as commit
-from eagle3d.store import splice
+from eagle3d.store import directio, splice
 from eagle3d.store.committer import CommitError, Committed, Committer
 from eagle3d.store.crc import file_checksum
 
@@ -35,7 +35,7 @@ def _dump_file(d: Path, t: int, dtype: torch.dtype = torch.float32, **change: An
 
 def _stage(path: str, t: int, limit: int = 1 << 30) -> splice.Staged | None:
     mask = [k % 2 for k in range(t)]
-    return splice.stage(path, list(range(t)), mask, H, LAYERS, ckpt.DirectBuffer(), limit)
+    return splice.stage(path, list(range(t)), mask, H, LAYERS, directio.DirectBuffer(), limit)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])

@@ -21,8 +21,7 @@ from eagle3d import config
 from eagle3d.dumps.format import BadDump, Dump, read_dump, read_header
 from eagle3d.remote import storedtype
 from eagle3d.remote.dumpfile import write_dump
-from eagle3d.store import archive as ckpt
-from eagle3d.store import splice
+from eagle3d.store import directio, splice
 from eagle3d.store.committer import Committed, Committer
 from eagle3d.tools.verify import check_sample, verify
 from eagle3proto import events as ev
@@ -103,7 +102,7 @@ def test_the_commit_casts_a_float32_dump_within_its_read(
     path = write_dump(str(tmp_path), "r", torch.arange(t), aux, hid, LAYERS)
     monkeypatch.setattr(os, "urandom", lambda n: b"\x05" * n)
     mask = [1] * t
-    staged = splice.stage(path, list(range(t)), mask, H, LAYERS, ckpt.DirectBuffer(), 1 << 30, store)  # fmt: skip
+    staged = splice.stage(path, list(range(t)), mask, H, LAYERS, directio.DirectBuffer(), 1 << 30, store)  # fmt: skip
     assert staged is not None
     spliced = bytes(staged.view[: staged.written.nbytes])
     d = _commit_file(tmp_path / "out", path, t, store)

@@ -36,11 +36,12 @@ from eagle3d.remote import faults, storedtype
 from eagle3d.remote.storedtype import StoreFormat
 from eagle3d.store import archive as ckpt
 from eagle3d.store import splice
-from eagle3d.store.crc import crc32
+from eagle3d.store.directio import DirectBuffer, flush_direct
+from eagle3d.store.reference import ChecksumWriter, save
 from eagle3d.store.validate import all_finite, validate
 
 if TYPE_CHECKING:
-    import torch
+    pass
 
 log = logging.getLogger("eagle3d")
 
@@ -65,59 +66,6 @@ class Committed:
     checksum: str
 
 
-class ChecksumWriter:
-    """A write-only file object over a descriptor that checksums what passes through it.
-
-    ``torch.save`` writes a sample in dozens of small pieces (zip headers, padding, then the
-    tensor data); pieces under 1 MiB are gathered and written together, so a small sample
-    costs one or two syscalls instead of fifty. Call :meth:`flush` before syncing.
-    """
-
-    BUFFER = 1 << 20
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self.crc = 0
-        self.size = 0
-        self._buf = bytearray()
-
-    def write(self, data: Any) -> int:
-        mv = memoryview(data).cast("B")
-        self.crc = crc32(mv, self.crc)
-        n = len(mv)
-        self.size += n
-        if n < self.BUFFER:
-            self._buf += mv
-            if len(self._buf) >= self.BUFFER:
-                self.flush()
-            return n
-        self.flush()
-        self._write_all(mv)
-        return n
-
-    def flush(self) -> None:
-        if self._buf:
-            self._write_all(memoryview(self._buf))
-            self._buf = bytearray()
-
-    def _write_all(self, mv: memoryview) -> None:
-        off, n = 0, len(mv)
-        while off < n:
-            off += os.write(self.fd, mv[off:])
-
-    @property
-    def checksum(self) -> str:
-        return f"crc32:{self.crc:08x}"
-
-
-def _own(t: torch.Tensor) -> torch.Tensor:
-    # torch.save writes whole storages: never let a view drag a larger buffer along.
-    t = t.contiguous()
-    if t.untyped_storage().nbytes() != t.numel() * t.element_size():
-        t = t.clone()
-    return t
-
-
 class Committer:
     """Writes samples under ``output``; thread-safe (several commit threads share one).
 
@@ -128,7 +76,7 @@ class Committer:
         os.makedirs(output, exist_ok=True)  # here, once: never again under a running job
         self.store = store
         # Samples are written with O_DIRECT where the filesystem allows it (see
-        # ckpt.write_direct); the first refusal switches to buffered writes for good.
+        # write_direct); the first refusal switches to buffered writes for good.
         self.direct = direct
         self._local = threading.local()
         self._dirs: set[str] = set()
@@ -326,15 +274,15 @@ class Committer:
             raise _error(idx, e) from e
         return fd, tmp, full_dir, name, rel, size, checksum
 
-    def _buffer(self) -> ckpt.DirectBuffer:
+    def _buffer(self) -> DirectBuffer:
         buf = getattr(self._local, "buf", None)
         if buf is None:
-            buf = self._local.buf = ckpt.DirectBuffer()
+            buf = self._local.buf = DirectBuffer()
         return buf
 
     def _flush(self, fd: int, view: memoryview, size: int, direct: bool) -> None:
         try:
-            ckpt.flush_direct(fd, view, size)
+            flush_direct(fd, view, size)
         except OSError as e:
             if e.errno != errno.EINVAL or not direct:
                 raise
@@ -342,7 +290,7 @@ class Committer:
             # The same file, buffered from the start.
             fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
             os.ftruncate(fd, 0)
-            ckpt.flush_direct(fd, view, size)
+            flush_direct(fd, view, size)
 
     def _stored(self, dump: Dump) -> Dump:
         """The dump with its states in the storage format (the same object if they are)."""
@@ -380,7 +328,7 @@ class Committer:
                 return written.nbytes, f"crc32:{written.crc:08x}"
             # 4 GiB and up: torch's own zip64 writer
             w = ChecksumWriter(fd)
-            _save(torch, {k: _own(t) for k, t in payload.items()}, w)
+            save(torch, payload, w)
             return w.size, w.checksum
 
         return self._new_temp(idx, fits and _nbytes(payload) <= DIRECT_MAX, write)
@@ -422,26 +370,6 @@ def _nbytes(payload: dict[str, Any]) -> int:
 
 def _error(idx: int, e: OSError) -> CommitError:
     return CommitError(e.errno or 5, f"commit of sample {idx} failed: {e.strerror or e}")
-
-
-def _save(torch: Any, payload: dict[str, Any], w: ChecksumWriter) -> None:
-    """``torch.save`` that lets a failed write's OSError (and its errno) through.
-
-    When a write fails (ENOSPC, EIO), torch's zip writer raises a RuntimeError ("unexpected
-    pos") while closing, with the OSError only as its context. Without this, a full disk
-    looked like an internal error: the sample was retried and then failed for good instead
-    of the daemon pausing.
-    """
-    try:
-        torch.save(payload, w)
-        w.flush()
-    except RuntimeError as e:
-        cause: BaseException | None = e.__context__
-        while cause is not None and not isinstance(cause, OSError):
-            cause = cause.__context__
-        if cause is not None:
-            raise cause from e
-        raise
 
 
 def _fsync_dir(path: str) -> None:

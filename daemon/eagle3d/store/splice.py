@@ -35,6 +35,7 @@ from eagle3d.dumps.format import BadDump, read_header, vanished
 from eagle3d.remote.dumpfile import FORMAT
 from eagle3d.remote.storedtype import StoreFormat
 from eagle3d.store import archive as ckpt
+from eagle3d.store.directio import DirectBuffer
 
 # safetensors dtype -> torch dtype name, for the states (the ids are I64).
 _STATES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
@@ -55,7 +56,7 @@ def stage(
     loss_mask: list[int],
     hidden_size: int,
     layers: list[int],
-    buf: ckpt.DirectBuffer,
+    buf: DirectBuffer,
     limit: int,
     store: StoreFormat | None = None,
 ) -> Staged | None:
