@@ -6,6 +6,8 @@ import random
 import threading
 import time
 
+import msgspec
+from eagle3d.remote import hf_protocol as pr
 from eagle3d.remote.hf_batching import MIN_FILL, batch_budget, next_batch
 from eagle3d.remote.hf_worker import Worker
 
@@ -91,6 +93,11 @@ def test_the_last_work_of_a_queue_goes_in_two_lighter_batches() -> None:
     assert sorted(lengths[r] for r in first) == [100, 110, 120]
 
 
+def _to_worker(d: dict[str, object]) -> pr.ToWorker:
+    """A message from the daemon, typed as the worker's reader decodes it off the pipe."""
+    return msgspec.convert(d, pr.ToWorker)  # type: ignore[arg-type]
+
+
 def _bare_worker(budget: int) -> Worker:
     """A Worker with its queue and nothing else (no model): for :meth:`Worker.next_rids`."""
     w = Worker.__new__(Worker)
@@ -104,7 +111,7 @@ def _bare_worker(budget: int) -> Worker:
 def _later(w: Worker, rid: str, delay: float) -> threading.Thread:
     def put() -> None:
         time.sleep(delay)
-        w.receive({"op": "req", "rid": rid, "ids": [1] * 50})
+        w.receive(_to_worker({"op": "req", "rid": rid, "ids": [1] * 50}))
 
     t = threading.Thread(target=put)
     t.start()
@@ -124,5 +131,5 @@ def test_only_a_worker_that_waited_for_work_lingers_for_more() -> None:
     for th in [*threads, t]:
         th.join()
     assert list(w.pending) == ["d"]
-    w.receive({"op": "stop"})
+    w.receive(_to_worker({"op": "stop"}))
     assert w.next_rids() is None  # stopped: no batch, even with work waiting
