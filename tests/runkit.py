@@ -1,13 +1,12 @@
 """Helpers for the fault tests: datasets cut from the demo, running the real daemon, checking.
 
 Every run is a real ``python -m eagle3d run`` subprocess on the tiny model. The checks use the
-crash-loop harness's independent journal reader (``bench/crashloop.py``) and ``eagle3d verify``.
+crash loop's independent checker (:mod:`crashcheck`) and ``eagle3d verify``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import signal
@@ -16,25 +15,12 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
+
+import crashcheck
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "daemon" / "eagle3d" / "data" / "demo.jsonl"
-
-
-def _load_crashloop() -> ModuleType:
-    if "crashloop" in sys.modules:
-        return sys.modules["crashloop"]
-    spec = importlib.util.spec_from_file_location("crashloop", REPO / "bench" / "crashloop.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["crashloop"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-crashloop = _load_crashloop()
 
 
 #: Demo lines that must fail: bad JSON, an unknown role, no turns.
@@ -47,7 +33,7 @@ def dataset(path: Path, n: int, malformed: bool = True) -> tuple[set[int], set[i
     lines = DEMO.read_text(encoding="utf-8").splitlines()
     picked = lines[:n] + ([lines[i] for i in MALFORMED_DEMO_LINES] if malformed else [])
     path.write_text("\n".join(picked) + "\n", encoding="utf-8")
-    bad = {i for i, ln in enumerate(picked) if crashloop.expected_malformed(ln)}
+    bad = {i for i, ln in enumerate(picked) if crashcheck.expected_malformed(ln)}
     return set(range(len(picked))) - bad, bad
 
 
@@ -139,15 +125,15 @@ def verify(out: Path) -> dict[str, Any]:
 
 
 def check(out: Path) -> Any:
-    """The independent check (``crashloop.Check``)."""
-    return crashloop.check_output(str(out))
+    """The independent check (``crashcheck.Check``)."""
+    return crashcheck.check_output(str(out))
 
 
 def records(out: Path, kind: str | None = None) -> list[dict[str, Any]]:
     """Every record of every shard, read by the independent reader."""
     recs: list[dict[str, Any]] = []
-    for jdir in crashloop.journal_dirs(str(out)):
-        recs += crashloop.read_journal(jdir).records
+    for jdir in crashcheck.journal_dirs(str(out)):
+        recs += crashcheck.read_journal(jdir).records
     return [r for r in recs if kind is None or r.get("kind") == kind]
 
 

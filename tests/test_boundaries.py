@@ -250,3 +250,20 @@ def test_heavy_imports_only_where_needed() -> None:
 def test_no_module_over_400_lines(name: str) -> None:
     lines = len(MODULES[name].read_text(encoding="utf-8").splitlines())
     assert lines <= MAX_LINES, f"{MODULES[name].relative_to(ROOT)}: {lines} lines"
+
+
+def test_tests_never_import_bench() -> None:
+    # Benchmarks import the tests' helpers (the crash loop's checker, the SGLang stand-in),
+    # never the reverse: a test runs a benchmark script only as a program.
+    tests = [p for p in sorted((ROOT / "tests").glob("*.py")) if p.name != "test_boundaries.py"]
+    assert len(tests) > 50
+    for path in tests:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                assert not any(a.name.split(".")[0] in ("bench", "crashloop") for a in node.names), path  # fmt: skip
+            elif isinstance(node, ast.ImportFrom):
+                assert (node.module or "").split(".")[0] not in ("bench", "crashloop"), path
+        src = path.read_text(encoding="utf-8")
+        assert "spec_from_file_location" not in src or '"bench"' not in src, path
+        assert 'sys.path.insert(0, str(REPO / "bench"' not in src, path

@@ -1,4 +1,5 @@
-"""The crash-loop harness (``bench/crashloop.py``): its independent checker, and a short loop.
+"""The crash loop: its independent checker (``tests/crashcheck.py``), and short loops of
+``bench/crashloop.py``.
 
 The checker is tested against outputs built with the real JournalWriter and deliberately
 damaged (a missing, truncated or stray file, a duplicate record, a corrupt frame), so a loop
@@ -14,15 +15,12 @@ import sys
 import zlib
 from pathlib import Path
 
+import crashcheck as cl
 import pytest
-import runkit
 from eagle3proto import events as ev
 from eagle3proto.journal import JournalWriter
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-cl = runkit.crashloop  # loaded once, by the fault tests' shared helpers
 
 
 def _jdir(out: Path) -> Path:

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import crashcheck
 import pytest
 import runkit
 from eagle3proto import events as ev
@@ -388,7 +389,7 @@ def _demo_rows(kind: str, n: int) -> list[str]:
     """The first ``n`` demo lines of one kind: chat (either key) or pre-tokenized."""
     lines = runkit.DEMO.read_text(encoding="utf-8").splitlines()
     pick = [ln for ln in lines if ln.startswith('{"input_ids"') == (kind == "ids")]
-    return [ln for ln in pick if not runkit.crashloop.expected_malformed(ln)][:n]
+    return [ln for ln in pick if not crashcheck.expected_malformed(ln)][:n]
 
 
 def _write_format(path: Path, fmt: str, rows: list[str]) -> Path:

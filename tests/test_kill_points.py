@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import crashcheck
 import pytest
 import runkit
 from eagle3d.run.commits import COMMIT_BATCH
@@ -57,7 +58,7 @@ def test_kill_point(point: str, tiny_model_dir: Path, tmp_path: Path) -> None:
     if point == "mid_frame":
         rec = runkit.records(out, "recovered")
         assert rec and rec[0]["reason"] == "torn" and rec[0]["dropped_bytes"] > 0, rec
-        kept = list(Path(runkit.crashloop.journal_dirs(str(out))[0]).glob("*.broken-*"))
+        kept = list(Path(crashcheck.journal_dirs(str(out))[0]).glob("*.broken-*"))
         assert kept, "the torn bytes should be kept aside as evidence"
     if point in ("after_rename", "before_journal_append"):
         assert set(c.leftovers) <= final.saved  # the leftover was redone and committed

@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+import crashcheck
 import pytest
 import runkit
 from eagle3d.dumps.format import Dump
@@ -154,7 +155,7 @@ def test_acknowledged_commits_survive_a_power_cut_at_every_operation(tmp_path: P
         assert len(ids) == len(set(ids))
         assert set(ids) - set(acked) <= {len(acked)}  # at most the one being appended
         for e in saved:
-            size, crc = runkit.crashloop.file_crc(os.path.join(out, e.path))
+            size, crc = crashcheck.file_crc(os.path.join(out, e.path))
             assert (size, crc) == (e.bytes, e.checksum), f"cut at op {k}: sample {e.idx}"
         # Reopen with the real file layer and finish the job: recovery, then append.
         again: list[int] = []
@@ -164,7 +165,7 @@ def test_acknowledged_commits_survive_a_power_cut_at_every_operation(tmp_path: P
         assert sorted(final) == list(range(n)), f"cut at op {k}: {sorted(final)}"
         for e in events:
             if isinstance(e, ev.SampleSaved):
-                size, crc = runkit.crashloop.file_crc(os.path.join(out, e.path))
+                size, crc = crashcheck.file_crc(os.path.join(out, e.path))
                 assert (size, crc) == (e.bytes, e.checksum)
     assert dropped_any, "no cut dropped any unsynced byte: the double proved nothing"
 

@@ -12,6 +12,7 @@ import signal
 import time
 from pathlib import Path
 
+import crashcheck
 import psutil
 import pytest
 import runkit
@@ -145,7 +146,7 @@ def test_bad_dump_without_retries_is_a_recorded_failure(
     idx = bad[0]["idx"]
     assert isinstance(idx, int)
     runkit.assert_complete(out, valid - {idx}, malformed | {idx})
-    assert not (out / runkit.crashloop.relpath_of(idx)).exists()
+    assert not (out / crashcheck.relpath_of(idx)).exists()
 
 
 def test_bad_dump_is_retried_then_saved(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -174,7 +175,7 @@ def test_dumps_nobody_asked_for_are_removed_and_counted(
     proc = runkit.start(tiny_model_dir, data, out, log=tmp_path / "log")
     try:
         runkit.wait_for(lambda: runkit.records(out, "sample_sent"), 90, "samples sent")
-        run_id = runkit.crashloop.read_journal(runkit.crashloop.journal_dirs(str(out))[0]).run_id
+        run_id = crashcheck.read_journal(crashcheck.journal_dirs(str(out))[0]).run_id
         rid = f"{run_id[:8]}-0-99-12345-1"  # our prefix, a request never sent
         unknown = write_dump(str(dumps), rid, t, aux, hid, [2, 2, 1])
         runkit.wait_for(lambda: not os.path.exists(unknown), 30, "the unknown dump removed")
