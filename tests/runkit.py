@@ -1,4 +1,5 @@
-"""Helpers for the fault tests: datasets cut from the demo, running the real daemon, checking.
+"""The one daemon harness: datasets (cut from the demo, or generated), running the real daemon,
+reading its journal, checking its output.
 
 Every run is a real ``python -m eagle3d run`` subprocess on the tiny model. The checks use the
 crash loop's independent checker (:mod:`crashcheck`) and ``eagle3d verify``.
@@ -18,6 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import crashcheck
+from eagle3proto import events as ev
+from eagle3proto import paths
+from eagle3proto.journalread import iter_events
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "daemon" / "eagle3d" / "data" / "demo.jsonl"
@@ -37,8 +41,12 @@ def dataset(path: Path, n: int, malformed: bool = True) -> tuple[set[int], set[i
     return set(range(len(picked))) - bad, bad
 
 
+#: The daemon's environment: offline, and no tokenizer threads beside the workers.
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
 def env_without_faults(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "EAGLE3D_FAULT"}
+    env = {k: v for k, v in ENV.items() if k != "EAGLE3D_FAULT"}
     env.update(extra)
     return env
 
@@ -82,9 +90,17 @@ def run(
 
 
 def start(
-    model: Path, data: Path, out: Path, *extra: str, fault: str = "", log: Path | None = None
+    model: Path,
+    data: Path,
+    out: Path,
+    *extra: str,
+    fault: str = "",
+    log: Path | None = None,
+    env: dict[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
-    e = env_without_faults()
+    """Start the daemon in a session of its own, its output to ``log`` (default
+    ``OUT.log``, see :func:`log_of`); ``env`` adds to its environment."""
+    e = env_without_faults(**(env or {}))
     if fault:
         e["EAGLE3D_FAULT"] = fault
     logf = open(log or f"{out}.log", "wb")  # noqa: SIM115 - handed to the child
@@ -168,3 +184,91 @@ def wait_for(pred: Any, timeout: float, what: str, step: float = 0.1) -> None:
             return
         time.sleep(step)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def log_of(out: Path) -> str:
+    """What a daemon started by :func:`start` for ``out`` has printed so far."""
+    try:
+        return Path(f"{out}.log").read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def conversations(n: int, seed: int = 0) -> list[dict[str, Any]]:
+    """``n`` varied multi-turn conversations in the three accepted chat formats."""
+    words = [
+        "alpha",
+        "beta",
+        "gamma",
+        "delta",
+        "the",
+        "model",
+        "computes",
+        "hidden",
+        "states",
+        "for",
+        "every",
+        "token",
+    ]
+    out: list[dict[str, Any]] = []
+    for i in range(n):
+        turns = 1 + (i + seed) % 3
+        msgs: list[dict[str, str]] = []
+        if i % 4 == 0:
+            msgs.append({"role": "system", "content": "You are terse."})
+        for t in range(turns):
+            k = 3 + (i * 7 + t * 5 + seed) % 40
+            msgs.append(
+                {"role": "user", "content": " ".join(words[(i + j) % len(words)] for j in range(k))}
+            )
+            msgs.append(
+                {"role": "assistant", "content": f"answer {i}.{t}: " + " ".join(words[: 2 + k % 9])}
+            )
+        if i % 3 == 0:
+            out.append({"messages": msgs})
+        elif i % 3 == 1:
+            out.append({"conversations": msgs})
+        else:
+            share = {"system": "system", "user": "human", "assistant": "gpt"}
+            out.append(
+                {"conversations": [{"from": share[m["role"]], "value": m["content"]} for m in msgs]}
+            )
+    return out
+
+
+def write_jsonl(path: Path, rows: list[Any]) -> Path:
+    """Write rows; a str row is written verbatim (for malformed lines)."""
+    with open(path, "w") as f:
+        for r in rows:
+            f.write((r if isinstance(r, str) else json.dumps(r)) + "\n")
+    return path
+
+
+def events(output: Path, shard: paths.Shard | None = None) -> list[ev.AnyEvent]:
+    evs, rep = iter_events(paths.journal_dir(str(output), shard or paths.Shard()))
+    assert not rep.stopped_early, rep.problems
+    return evs
+
+
+def wait_for_saved(output: Path, n: int, proc: subprocess.Popen[str], timeout: float = 90) -> None:
+    """Wait until the journal holds at least ``n`` saved records (or the process ends)."""
+    deadline = time.monotonic() + timeout
+    jdir = paths.journal_dir(str(output), paths.Shard())
+    while time.monotonic() < deadline and proc.poll() is None:
+        if os.path.isdir(jdir):
+            evs, _ = iter_events(jdir)
+            if sum(isinstance(e, ev.SampleSaved) for e in evs) >= n:
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"fewer than {n} samples saved in {timeout} s (exit {proc.poll()})")
+
+
+def thread_names(pid: int) -> set[str]:
+    """The kernel names of process ``pid``'s live threads (what ``top -H`` shows)."""
+    names = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            names.add((task / "comm").read_text().strip())
+        except OSError:  # the thread ended meanwhile
+            continue
+    return names

@@ -17,9 +17,9 @@ from typing import Any
 
 import msgspec
 import pytest
-from daemon_harness import thread_names
 from eagle3proto.codec import encode_frame
 from eagle3proto.wire import FrameBuffer
+from runkit import thread_names
 
 _enc = msgspec.msgpack.Encoder()
 _dec = msgspec.msgpack.Decoder(dict[str, Any])

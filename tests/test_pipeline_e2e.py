@@ -11,18 +11,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from daemon_harness import (
+from eagle3proto import events as ev
+from eagle3proto import paths
+from runkit import (
     ENV,
     conversations,
     events,
+    log_of,
     run,
     start,
     thread_names,
     wait_for_saved,
     write_jsonl,
 )
-from eagle3proto import events as ev
-from eagle3proto import paths
 
 BAD = {
     3: '{"messages": [{"role": "user", "content": "hi"}',  # bad JSON
@@ -179,7 +180,7 @@ def test_stop_mid_run_then_resume(sig: int, tiny_model_dir: Path, tmp_path: Path
     saved_first = {e.idx for e in first if isinstance(e, ev.SampleSaved)}
     assert 10 <= len(saved_first) < 80
     if sig == signal.SIGTERM:
-        assert code == 0, proc.stdout.read() if proc.stdout else ""
+        assert code == 0, log_of(out)
         assert first[-1].kind == "run_stopped"
     r = run(tiny_model_dir, data, out)
     assert r.returncode == 0, r.stderr
@@ -282,7 +283,7 @@ def test_the_daemons_threads_carry_their_roles_for_top_and_ps(
         while not want <= names and time.monotonic() < deadline:
             time.sleep(0.2)  # commit threads start with the first commit, named at a tick
             names = thread_names(proc.pid)
-        assert proc.poll() is None
+        assert proc.poll() is None, names
     finally:
         proc.terminate()
         proc.wait(timeout=60)

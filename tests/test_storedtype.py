@@ -16,7 +16,6 @@ from typing import Any
 import msgspec
 import pytest
 import torch
-from daemon_harness import ENV, conversations, events, run, start, wait_for_saved, write_jsonl
 from eagle3d import config
 from eagle3d.dumps.format import BadDump, Dump, read_dump, read_header
 from eagle3d.remote import storedtype
@@ -27,6 +26,7 @@ from eagle3d.tools.verify import check_sample, verify
 from eagle3proto import events as ev
 from eagle3proto.codec import encode_frame
 from eagle3proto.wire import FrameBuffer
+from runkit import ENV, conversations, events, run, start, wait_for_saved, write_jsonl
 
 H = 32
 LAYERS = [2, 4, 5]
@@ -284,8 +284,6 @@ def test_verify_checks_each_sample_against_its_sessions_dtype(
         if first.poll() is None:
             first.kill()
             first.wait()
-    assert first.stdout is not None
-    first.stdout.close()
     assert len(saved_idx(out)) < 8
     r = run(tiny_model_dir, data, out)
     assert r.returncode == 6 and "store_dtype: 'float32' -> 'bfloat16'" in r.stderr

@@ -33,7 +33,7 @@ from eagle3d.run.ticker import Ticker
 log = logging.getLogger("eagle3d")
 
 #: Rows the feeder may have tokenized ahead of what was sent (widened to the window).
-FEED_AHEAD = 64
+FEED_AHEAD = 8
 
 
 @dataclass(slots=True)
