@@ -99,7 +99,7 @@ class RssSampler:
     The kernel keeps each peak, so a slow poll misses nothing but the last half second.
     Polling the current RSS of every descendant twenty times a second, as this did before,
     took 1.7-1.9 % of this 2-CPU machine from the daemon's run, and none from the bare loop
-    it is compared with (docs/benchmarks.md, tenth session).
+    it is compared with (CHANGELOG.md, the tenth session of the benchmark history).
     """
 
     def __init__(self, pid: int) -> None:
