@@ -15,10 +15,9 @@ from eagle3d.serve.notify import (
     MAX_STATUS_CHARS,
     Notifier,
     WatchdogPolicy,
-    format_duration,
-    format_rate,
     format_status,
 )
+from eagle3proto.units import duration, rate
 from eagle3proto.views import Rates, View
 
 
@@ -170,36 +169,41 @@ def test_format_status_running():
     v = View(
         state="running", total=37312, saved=18420, rate_eta=Rates(samples_s=1.1), eta_s=17280.0
     )
-    assert format_status(v) == "saved 18,420/37,312 · 1.1 samples/s · ETA 4 h 48 m"
+    assert format_status(v) == "saved 18,420/37,312 · 1.10 samples/s · ETA 4 h 48 m"
 
 
 def test_format_status_states_and_failures():
     v = View(state="running", total=10, saved=2, failed=3, rate_eta=Rates(), eta_s=None)
-    assert format_status(v) == "saved 2/10 · 0.0 samples/s · ETA unknown · 3 failed"
+    assert format_status(v) == "saved 2/10 · 0.00 samples/s · ETA unknown · 3 failed"
     v = View(state="finished", total=10, saved=10, eta_s=0.0)
     assert format_status(v) == "saved 10/10 · done"
     v = View(state="draining", total=-1, saved=5, in_flight=2, committing=1, eta_s=None)
-    assert format_status(v) == "draining 3 in flight: saved 5 · 0.0 samples/s"
+    assert format_status(v) == "draining 3 in flight: saved 5 · 0.00 samples/s"
     v = View(state="running", total=100, saved=5, rate_eta=Rates(samples_s=250.0), eta_s=0.38)
     assert format_status(v, "paused") == "paused: saved 5/100 · 250 samples/s · ETA 0 s"
 
 
-def test_format_helpers():
-    assert [format_duration(x) for x in (0, 42, 60, 725, 3600, 17280, 86400, 183600)] == [
+def test_status_uses_the_formatter_the_monitor_uses():
+    # One formatter for the daemon and the monitor (eagle3proto.units): the same words for
+    # the same numbers in `systemctl status`, the progress line and eagle3-top.
+    from eagle3top import fmt
+
+    assert fmt.duration is duration and fmt.rate is rate
+    assert [duration(x) for x in (0, 42, 60, 725, 3600, 17280, 86400, 183600)] == [
         "0 s",
         "42 s",
-        "1 m",
-        "12 m 5 s",
-        "1 h",
+        "1 m 00 s",
+        "12 m",
+        "1 h 00 m",
         "4 h 48 m",
-        "1 d",
+        "24 h 00 m",
         "2 d 3 h",
     ]
-    assert [format_rate(x) for x in (0.0, 0.05, 0.1234, 1.06, 12.34, 1234.5)] == [
-        "0.0",
-        "0.05",
-        "0.1",
-        "1.1",
-        "12.3",
-        "1,234",
+    assert [rate(x, "samples") for x in (0.0, 0.05, 0.1234, 1.06, 12.34, 1234.5)] == [
+        "0.00 samples/s",
+        "0.05 samples/s",
+        "0.12 samples/s",
+        "1.06 samples/s",
+        "12.3 samples/s",
+        "1,234 samples/s",
     ]

@@ -13,6 +13,16 @@ import msgspec
 
 from .reducer import ETA_EARLY_FOR_S, ETA_WINDOW_EARLY_S, ETA_WINDOW_LATE_S, Bucket, ShardState
 
+# -- the stall rules, one definition for the daemon and the monitor -------------------------
+#: Work is left, the producer is up, and nothing was saved (or failed for good) for this
+#: long: the run is *stalled* (the monitor warns).
+STALL_AFTER_S = 120.0
+#: No record at all from a live source for this long (stats come every second): *stalled*.
+SILENT_AFTER_S = 30.0
+#: Stalled this long, with work outstanding: *hung*. The daemon's watchdog stops pinging and
+#: systemd restarts it (``$EAGLE3D_STALL_SEC`` overrides); a restart resumes exactly.
+HUNG_AFTER_S = 300.0
+
 
 class Rates(msgspec.Struct, kw_only=True):
     samples_s: float = 0.0

@@ -1,41 +1,24 @@
 """Pure formatting and projection: numbers in, short strings out. No I/O, no clock.
 
+Durations and rates are :mod:`eagle3proto.units`'s, shared with the daemon's STATUS line and
+progress line.
+
 Everything a screen or ``--once`` prints goes through here, so the TUI, the text report
 and the tests agree on "3 h 10 m", "1.2 GB" and whether the disk fits.
 """
 
 from __future__ import annotations
 
-import math
 import textwrap
 import time
 from dataclasses import dataclass
 
 from eagle3proto import events as ev
+from eagle3proto.units import duration as duration  # re-exported: fmt.duration, fmt.rate
+from eagle3proto.units import rate as rate
 from eagle3proto.views import View
 
 _SPARK = "▁▂▃▄▅▆▇█"
-
-
-def duration(seconds: float | None) -> str:
-    """``42 s``, ``5 m 03 s``, ``3 h 10 m``, ``2 d 4 h``; ``—`` when unknown."""
-    if seconds is None or math.isnan(seconds) or math.isinf(seconds):
-        return "—"
-    s = int(max(seconds, 0.0) + 0.5)
-    if s < 60:
-        return f"{s} s"
-    m, s = divmod(s, 60)
-    if m < 10:
-        return f"{m} m {s:02d} s"
-    if m < 60:
-        # Seconds are noise at this scale, and a value that changes every second costs a
-        # repaint every second.
-        return f"{m} m"
-    h, m = divmod(m, 60)
-    if h < 48:
-        return f"{h} h {m:02d} m"
-    d, h = divmod(h, 24)
-    return f"{d} d {h} h"
 
 
 def size(n: float | None) -> str:
@@ -52,14 +35,6 @@ def size(n: float | None) -> str:
 
 def count(n: int) -> str:
     return f"{n:,}"
-
-
-def rate(x: float, unit: str) -> str:
-    if x >= 100:
-        return f"{x:,.0f} {unit}/s"
-    if x >= 10:
-        return f"{x:.1f} {unit}/s"
-    return f"{x:.2f} {unit}/s"
 
 
 def age(seconds: float | None) -> str:

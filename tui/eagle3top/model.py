@@ -31,7 +31,7 @@ import re
 from dataclasses import dataclass, field
 
 from eagle3proto.reducer import ShardState
-from eagle3proto.views import View, combine, view
+from eagle3proto.views import SILENT_AFTER_S, STALL_AFTER_S, View, combine, view
 
 from .fmt import duration
 
@@ -41,10 +41,6 @@ LEVEL_WORDS = {OK: "OK", WARNING: "WARNING", CRITICAL: "CRITICAL", UNKNOWN: "UNK
 #: a failing one, and more than a healthy one).
 SEVERITY = (CRITICAL, WARNING, UNKNOWN, OK)
 
-#: Nothing saved for this long while work is left and the producer is up: "stalled".
-STALL_AFTER_S = 120.0
-#: No record at all (stats come every ~1 s) for this long from a live source: "stalled".
-SILENT_AFTER_S = 30.0
 #: A connected socket that said nothing for this long is shown as STALE.
 STALE_AFTER_S = 5.0
 #: Starting, loading the model or waiting for the producer is healthy for this long.

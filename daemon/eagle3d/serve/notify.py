@@ -9,7 +9,7 @@ a notification must never take the daemon down.
 Also here, both pure (time is an argument):
 
 * :func:`format_status` turns a :class:`eagle3proto.views.View` into the one-line STATUS
-  shown by ``systemctl status`` ("saved 18,420/37,312 · 1.1 samples/s · ETA 4 h 48 m");
+  shown by ``systemctl status`` ("saved 18,420/37,312 · 1.10 samples/s · ETA 4 h 48 m");
 * :class:`WatchdogPolicy` decides whether the pipeline deserves a ``WATCHDOG=1`` ping, so a
   hung producer or a stuck commit stops the pings and systemd restarts the service, while an
   event loop that merely keeps ticking does not hide the hang.
@@ -22,12 +22,13 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from eagle3proto.views import View
+from eagle3proto.units import duration, rate
+from eagle3proto.views import HUNG_AFTER_S, View
 
 # STATUS is shown on one line of `systemctl status`; keep it short and free of newlines.
 MAX_STATUS_CHARS = 200
 STALL_ENV = "EAGLE3D_STALL_SEC"
-DEFAULT_STALL_SEC = 300.0
+DEFAULT_STALL_SEC = HUNG_AFTER_S  # the shared stall rules (eagle3proto.views)
 
 
 class Notifier:
@@ -146,34 +147,10 @@ def _status_line(text: str) -> str:
 # -- STATUS text ---------------------------------------------------------------------------
 
 
-def format_duration(seconds: float) -> str:
-    """A coarse human duration: "42 s", "12 m 5 s", "4 h 48 m", "2 d 3 h"."""
-    s = max(round(seconds), 0)
-    if s < 60:
-        return f"{s} s"
-    m, s = divmod(s, 60)
-    if m < 60:
-        return f"{m} m {s} s" if s else f"{m} m"
-    h, m = divmod(m, 60)
-    if h < 24:
-        return f"{h} h {m} m" if m else f"{h} h"
-    d, h = divmod(h, 24)
-    return f"{d} d {h} h" if h else f"{d} d"
-
-
-def format_rate(per_s: float) -> str:
-    """Samples per second with the precision that still says something."""
-    if per_s >= 100:
-        return f"{per_s:,.0f}"
-    if per_s >= 0.1 or per_s <= 0:
-        return f"{max(per_s, 0.0):.1f}"
-    return f"{per_s:.2g}"
-
-
 def format_status(view: View, phase: str | None = None) -> str:
     """The STATUS line for ``systemctl status``, from the reducer's view of the run.
 
-    ``"saved 18,420/37,312 · 1.1 samples/s · ETA 4 h 48 m"``, with ``· N failed`` when
+    ``"saved 18,420/37,312 · 1.10 samples/s · ETA 4 h 48 m"``, with ``· N failed`` when
     samples failed for good, and the run state (or ``phase``, e.g. ``"loading model"``) in
     front when the run is not simply running. The rate is the one the ETA uses (since the
     producer came up, over the ETA's window).
@@ -183,9 +160,9 @@ def format_status(view: View, phase: str | None = None) -> str:
     if view.state == "finished":
         parts.append("done")
     else:
-        parts.append(f"{format_rate(view.rate_eta.samples_s)} samples/s")
+        parts.append(rate(view.rate_eta.samples_s, "samples"))
         if view.eta_s is not None:
-            parts.append(f"ETA {format_duration(view.eta_s)}")
+            parts.append(f"ETA {duration(view.eta_s)}")
         elif view.state == "running":
             parts.append("ETA unknown")
     if view.failed:
@@ -255,7 +232,7 @@ class WatchdogPolicy:
         if quiet < limit:
             return WatchdogDecision(True, "progressing")
         return WatchdogDecision(
-            False, f"stalled: no progress for {format_duration(quiet)} with {in_flight:,} in flight"
+            False, f"stalled: no progress for {duration(quiet)} with {in_flight:,} in flight"
         )
 
     def should_ping(

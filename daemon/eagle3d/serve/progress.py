@@ -18,24 +18,12 @@ from typing import Any, TextIO
 
 from eagle3proto import views
 from eagle3proto.reducer import ShardState
+from eagle3proto.units import duration, rate
 
 log = logging.getLogger("eagle3d")
 
 #: How often a plain (non-terminal) progress line is written while the state holds.
 EVERY_S = 10.0
-
-
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "?"
-    s = int(max(seconds, 0.0) + 0.5)
-    if s < 60:
-        return f"{s} s"
-    m, s = divmod(s, 60)
-    if m < 60:
-        return f"{m} m {s:02d} s"
-    h, m = divmod(m, 60)
-    return f"{h} h {m:02d} m"
 
 
 def describe(s: ShardState, now: float) -> str:
@@ -47,7 +35,7 @@ def describe(s: ShardState, now: float) -> str:
         since = s.state_since
         if s.producer == "waiting":
             what, since = s.producer_message or "waiting for the producer", s.producer_since
-        return f"{what} · {_duration(now - since)}"
+        return f"{what} · {duration(now - since)}"
     v = views.view(s, now)
     total = f"{v.total:,}" if v.total >= 0 else "?"
     saved = f"saved {v.saved:,}/{total} ({v.percent:.1f}%)"
@@ -63,13 +51,13 @@ def describe(s: ShardState, now: float) -> str:
         head = f"stopped: {s.state_reason} · " if s.state_reason else "stopped · "
     elif s.producer == "down":
         head = f"producer down: {s.producer_message} · " if s.producer_message else ""
-    rate = f" · {v.rate_eta.samples_s:.2f} samples/s · {v.rate_eta.tokens_s:,.0f} tok/s"
+    speed = f" · {rate(v.rate_eta.samples_s, 'samples')} · {v.rate_eta.tokens_s:,.0f} tok/s"
     if v.eta_frozen:
-        eta = f" · ETA {_duration(v.eta_s)} (frozen)" if v.eta_s is not None else ""
+        eta = f" · ETA {duration(v.eta_s)} (frozen)" if v.eta_s is not None else ""
     else:
-        eta = f" · ETA {_duration(v.eta_s)}" if v.eta_s is not None else " · ETA unknown yet"
+        eta = f" · ETA {duration(v.eta_s)}" if v.eta_s is not None else " · ETA unknown yet"
     busy = f" · in flight {v.in_flight:,}" if s.state == "running" else ""
-    return f"{head}{saved}{failed}{busy}{rate}{eta}"
+    return f"{head}{saved}{failed}{busy}{speed}{eta}"
 
 
 class ProgressLine:
