@@ -113,3 +113,13 @@ def test_shard_from_flag_then_slurm_then_torchrun() -> None:
 def test_default_aux_layers_follow_sglang() -> None:
     assert default_aux_layers(61) == [2, 30, 58]  # DeepSeek-V3 / Kimi-K2.5
     assert default_aux_layers(32) == [2, 16, 29]
+
+
+def test_the_writer_is_archive_or_the_torch_reference() -> None:
+    base = {"model": "/m", "dataset": "/d", "output": "/o"}
+    assert config.build({}, base).writer == "archive"
+    assert config.build({}, {**base, "writer": "torch"}).writer == "torch"
+    args = parse("--model", "/m", "--dataset", "/d", "--output", "/o", "--writer", "torch")
+    assert config.from_args(args).writer == "torch"
+    with pytest.raises(ConfigError, match="writer"):
+        config.build({}, {**base, "writer": "fast"})

@@ -280,3 +280,32 @@ def test_commit_many_still_takes_loaded_dumps(tmp_path: Path) -> None:
     d = Dump("r", LAYERS, torch.arange(4), torch.zeros(4, 3 * H), torch.ones(4, H), 0)
     (r,) = Committer(str(tmp_path)).commit_many([(0, [0, 1, 2, 3], [1] * 4, d)])
     assert isinstance(r, Committed)
+
+
+@pytest.mark.parametrize(("writer", "splice"), [("archive", False), ("torch", True)])
+def test_every_writer_gives_the_same_sample(writer: str, splice: bool, tmp_path: Path) -> None:
+    """The general path (``splice=False``) and the reference writer (``torch.save``) write
+    the sample the splice fast path writes: the same tensors, read back by ``torch.load``."""
+    t = 40
+    mask = [k % 2 for k in range(t)]
+    (d1 := tmp_path / "d1").mkdir()
+    (d2 := tmp_path / "d2").mkdir()
+    fast = Committer(str(tmp_path / "fast"))
+    other = Committer(str(tmp_path / "other"), writer=writer, splice=splice)
+    (a,) = fast.commit_files([(0, list(range(t)), mask, _dump_file(d1, t))], H, LAYERS)
+    (b,) = other.commit_files([(0, list(range(t)), mask, _dump_file(d2, t))], H, LAYERS)
+    assert isinstance(a, Committed) and isinstance(b, Committed), (a, b)
+    x = torch.load(tmp_path / "fast" / a.relpath, weights_only=True)
+    y = torch.load(tmp_path / "other" / b.relpath, weights_only=True)
+    assert x.keys() == y.keys() == {"input_ids", "loss_mask", "hidden_state", "aux_hidden_state"}
+    for k in x:
+        assert x[k].dtype == y[k].dtype and torch.equal(x[k], y[k]), k
+    assert file_checksum(str(tmp_path / "other" / b.relpath)) == (b.nbytes, b.checksum)
+    if writer == "torch":  # torch's own zip writer, not ours: its files differ, not its data
+        with zipfile.ZipFile(tmp_path / "other" / b.relpath) as z:
+            assert z.testzip() is None
+
+
+def test_an_unknown_writer_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="writer must be one of archive, torch"):
+        Committer(str(tmp_path), writer="fast")

@@ -47,6 +47,7 @@ class JobConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     dtype: str = "auto"
     store_dtype: str = "auto"  # see eagle3d.remote.storedtype: auto = the model's own 16-bit dtype
     commit_threads: int = 0  # 0: automatic, see commit_thread_count()
+    writer: str = "archive"  # archive (own writer, direct I/O) | torch (torch.save, the reference)
     force_resume: bool = False
     max_failed_fraction: float = 0.05  # more failures for good than this: exit 9
 
@@ -60,6 +61,7 @@ class JobConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         _choice("device", self.device, ("auto", "cpu", "cuda"))
         _choice("dtype", self.dtype, ("auto", "float32", "bfloat16", "float16"))
         _choice("store_dtype", self.store_dtype, storedtype.CHOICES)
+        _choice("writer", self.writer, ("archive", "torch"))
         if self.backend == "sglang" and not self.server:
             raise ConfigError("backend 'sglang' needs server (--server URL)")
         if self.backend == "sglang" and not self.dump_dir:
@@ -211,6 +213,14 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
         dest="store_dtype",
         help="dtype of the states in the files, whatever the compute dtype (default auto: the"
         " model's own 16-bit dtype from its config, else bfloat16; float32 only when asked)",
+    )
+    a(
+        "--writer",
+        choices=("archive", "torch"),
+        dest="writer",
+        help="how sample files are written: archive (eagle3d's own writer of torch.save's"
+        " format, with direct I/O; default) or torch (torch.save itself, the reference);"
+        " the files are read the same way",
     )
     a(
         "--commit-threads",

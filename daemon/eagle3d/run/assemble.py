@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -92,7 +93,10 @@ def assemble(
     # The daemon's own tensor work (validate, write) is memory-bound: one intra-op thread,
     # so OpenMP spinning never steals cores from a producer on the same host.
     torch.set_num_threads(1)
-    committer = Committer(where.output, store=storedtype.get(facts.job.store_dtype))
+    # EAGLE3D_SPLICE=0 takes the splice fast path out: for its A/B (docs/benchmarks.md).
+    splice = os.environ.get("EAGLE3D_SPLICE", "1") != "0"
+    store = storedtype.get(facts.job.store_dtype)
+    committer = Committer(where.output, store=store, writer=cfg.writer, splice=splice)
     committer.warm_up()
     rows = [paths.sample_relpath(i) for i in range(0, len(status), paths.GROUP_SIZE)]
     removed = committer.clean_temp_files(rows)

@@ -48,6 +48,8 @@ log = logging.getLogger("eagle3d")
 # Larger samples are written buffered: a direct write's gathering buffer stays allocated per
 # commit thread, and per-sample overheads matter less at that size.
 DIRECT_MAX = 256 << 20
+#: How sample files can be written (``--writer``).
+WRITERS = ("archive", "torch")
 
 
 # A temp file written and not yet synced: (descriptor, temp path, directory, final name,
@@ -71,7 +73,13 @@ class Committer:
 
     ``store`` is the storage format of the states (None: as dumped)."""
 
-    def __init__(self, output: str, direct: bool = True, store: StoreFormat | None = None) -> None:
+    def __init__(self, output: str, direct: bool = True, store: StoreFormat | None = None, writer: str = "archive", splice: bool = True) -> None:  # fmt: skip
+        """``writer``: ``archive`` (own writer, direct I/O, the ``splice`` fast path from dump
+        files; ``splice=False`` for its A/B) or ``torch`` (``torch.save``, the reference)."""
+        if writer not in WRITERS:
+            raise ValueError(f"writer must be one of {', '.join(WRITERS)}, not {writer!r}")
+        self.writer = writer
+        self.splice = splice and writer == "archive"
         self.output = output
         os.makedirs(output, exist_ok=True)  # here, once: never again under a running job
         self.store = store
@@ -235,9 +243,11 @@ class Committer:
     ) -> _Temp:
         """Check the dump at ``path`` and write it as sample ``idx`` under a temp name (as
         :meth:`_write_temp`). Raises BadDump for a dump that fails the checks."""
-        staged = splice.stage(
-            path, input_ids, loss_mask, hidden_size, layers, self._buffer(), DIRECT_MAX, self.store
-        )
+        staged = None
+        if self.splice:
+            staged = splice.stage(
+                path, input_ids, loss_mask, hidden_size, layers, self._buffer(), DIRECT_MAX, self.store
+            )  # fmt: skip
         if staged is None:  # not the usual kind, or bad: the general path says why
             dump = self._stored(read_dump(path))
             validate(dump, input_ids, hidden_size, layers)
@@ -320,13 +330,13 @@ class Committer:
             "hidden_state": dump.hidden_state.contiguous().unsqueeze(0),
             "aux_hidden_state": dump.aux_hidden_state.contiguous().unsqueeze(0),
         }
-        fits = ckpt.fits(payload)
+        fits = self.writer == "archive" and ckpt.fits(payload)
 
         def write(fd: int, direct: bool) -> tuple[int, str]:
             if fits:
                 written = self._write_archive(fd, payload, direct)
                 return written.nbytes, f"crc32:{written.crc:08x}"
-            # 4 GiB and up: torch's own zip64 writer
+            # The reference writer, and 4 GiB and up: torch's own (zip64) writer
             w = ChecksumWriter(fd)
             save(torch, payload, w)
             return w.size, w.checksum
