@@ -10,6 +10,7 @@ import torch
 from eagle3d.dumps.format import read_dump
 from eagle3d.dumps.watcher import DumpWatcher
 from eagle3d.remote.dumpfile import dump_path, write_dump
+from eagle3d.run.inbox import DumpArrived, Inbox
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -23,8 +24,11 @@ async def _settle(got: list[str], want: int, seconds: float = 5.0) -> None:
 
 
 def _started(d: str, got: list[str]) -> DumpWatcher:
-    """A watcher on ``d`` reporting into ``got``, started (call from the running loop)."""
-    w = DumpWatcher(d, asyncio.get_running_loop(), got.append)
+    """A watcher on ``d`` reporting into ``got`` on the loop, through the daemon's inbox as
+    the daemon wires it, started (call from the running loop)."""
+    inbox = Inbox(lambda msgs: got.extend(m.path for m in msgs if isinstance(m, DumpArrived)))
+    inbox.open(asyncio.get_running_loop())
+    w = DumpWatcher(d, lambda path: inbox.put(DumpArrived(path)))
     w.start()
     return w
 
