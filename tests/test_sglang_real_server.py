@@ -189,10 +189,11 @@ def test_monitor_shows_the_real_servers_readings(extraction: dict[str, Any]) -> 
     for e in events:
         reducer.apply(state, e)
     text = hostpanels.producer([Row(label="x", state=state, source="journal")], time.time()).plain
-    assert "sglang up" in text, text
-    # the panel shows three lines of the (sorted) detail: the /metrics readings
+    # The run has ended: the panel says the server *was* up, as last seen, with the server's
+    # version and its /metrics readings.
+    assert "sglang was up" in text and "server 0.5.21" in text, text
     total = int(detail["prompt_tokens_total"])
-    assert f"prompt_tokens_total {total}" in text and "num_running_reqs 0" in text, text
+    assert f"prompt tokens {total:,}" in text and "running 0 · queued 0" in text, text
 
 
 def test_kill_9_of_the_daemon_mid_run_resumes_exactly_once(
