@@ -27,6 +27,14 @@ def _turn(m: dict[str, str]) -> dict[str, str]:
     return {"role": role, "content": m["value"]}
 
 
+def _encode(tok: object, row: dict[str, object]) -> list[int]:
+    """The chat template's token ids for a conversation row (messages or conversations)."""
+    msgs = row.get("messages") or row.get("conversations")
+    assert isinstance(msgs, list)
+    text = tok.apply_chat_template([_turn(m) for m in msgs], tokenize=False)  # type: ignore[attr-defined]
+    return list(tok(text, add_special_tokens=False)["input_ids"])  # type: ignore[operator]
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--model", required=True)
@@ -51,10 +59,12 @@ def main() -> int:
         for i, line in enumerate(f):
             try:
                 row = json.loads(line)
-                msgs = row.get("messages") or row.get("conversations")
-                msgs = [_turn(m) for m in msgs]
-                text = tok.apply_chat_template(msgs, tokenize=False)
-                ids = tok(text, add_special_tokens=False)["input_ids"]
+                if "input_ids" in row:  # pre-tokenized: used as it is, as the daemon does
+                    ids = [int(x) for x in row["input_ids"]]
+                    if not ids:
+                        continue
+                else:
+                    ids = _encode(tok, row)
             except Exception:
                 continue  # a malformed line: the daemon fails it too
             with torch.inference_mode():
