@@ -12,7 +12,9 @@ per row directory for all of it.
 The states are written in the job's storage format (:mod:`eagle3d.storedtype`): a dump that
 arrives in another float dtype is cast on its way into the archive (in
 :func:`eagle3d.splice.stage`, within the read it already does), and the NaN/Inf check runs
-on what is stored, so a float16 overflow is caught too.
+on what is stored, so a float16 overflow is caught too. The fp8 format quantizes the
+states (:mod:`eagle3d.fp8`) in that same read, or here on the general path after the
+checks, and writes their scales beside them.
 """
 
 from __future__ import annotations
@@ -32,10 +34,10 @@ from typing import TYPE_CHECKING, Any
 
 from eagle3proto.paths import TMP_MARK, sample_relpath
 
-from . import ckpt, faults, splice, storedtype
+from . import ckpt, faults, fp8, splice, storedtype
 from .crc import crc32
 from .dump import BadDump, Dump, read_dump
-from .storedtype import StoreFormat
+from .storedtype import SCALE_SUFFIX, StoreFormat
 
 if TYPE_CHECKING:
     import numpy as np
@@ -431,7 +433,8 @@ class Committer:
             ckpt.flush_direct(fd, view, size)
 
     def _stored(self, dump: Dump) -> Dump:
-        """The dump with its states in the storage format (the same object if they are)."""
+        """The dump with its states in the storage format (the same object if they are);
+        for the fp8 format, in its dump dtype (quantized when the archive is built)."""
         if self.store is None:
             return dump
         aux = dump.aux_hidden_state
@@ -458,6 +461,8 @@ class Committer:
             "hidden_state": dump.hidden_state.contiguous().unsqueeze(0),
             "aux_hidden_state": dump.aux_hidden_state.contiguous().unsqueeze(0),
         }
+        if self.store is not None and self.store.scaled:
+            payload.update(_quantized(payload))
         fits = ckpt.fits(payload)
 
         def write(fd: int, direct: bool) -> tuple[int, str]:
@@ -500,6 +505,21 @@ class Committer:
         if self.direct:
             self.direct = False
             log.info("direct I/O refused under %s (%s): buffered writes", self.output, why)
+
+
+def _quantized(payload: dict[str, Any]) -> dict[str, Any]:
+    """The fp8 format's states and scales for a payload's (``[1, T, kH]`` each)."""
+    hid, aux = payload["hidden_state"], payload["aux_hidden_state"]
+    (q_hid, s_hid), (q_aux, s_aux) = (
+        fp8.quantize(hid),
+        fp8.quantize(aux, aux.shape[-1] // hid.shape[-1]),
+    )
+    return {
+        "hidden_state": q_hid,
+        "aux_hidden_state": q_aux,
+        "hidden_state" + SCALE_SUFFIX: s_hid,
+        "aux_hidden_state" + SCALE_SUFFIX: s_aux,
+    }
 
 
 def _nbytes(payload: dict[str, Any]) -> int:
