@@ -19,8 +19,8 @@ check runs on the slot, on what is stored.
 
 For the fp8 format (``store.scaled``) the rows are quantized within that read instead
 (:func:`eagle3d.fp8.quantize_rows_into`: chunks of whole rows, values into their slot, one
-scale per row and captured layer into the scale tensors' slots), and the finite check runs
-on the scales: a NaN or an Inf anywhere in a row makes its scale NaN or infinite.
+scale per row into the scale tensor's slot), and the finite check runs on the scales: a
+NaN or an Inf anywhere in a row makes its scale NaN or infinite.
 
 Anything unusual (another dtype, a garbled header, a failed check) makes :func:`stage`
 return None: the caller then takes the general path, which reads the dump with safetensors
@@ -152,11 +152,11 @@ def _stage_scaled(
     if bytes(view[ids_at : ids_at + n_ids]) != array("q", sent_ids).tobytes():
         return None
     view[mask_at : mask_at + 8 * t] = memoryview(array("q", loss_mask)).cast("B")
-    for (src, *_, begin, end), at, s_at, s_n, groups in (
-        (hid, hid_at, hs_at, n_hs, 1),
-        (aux, aux_at, as_at, n_as, n_layers),
+    for (src, *_, begin, end), at, s_at, s_n in (
+        (hid, hid_at, hs_at, n_hs),
+        (aux, aux_at, as_at, n_as),
     ):
-        if not _read_quantize(fd, begin, end, src, view, at, s_at, t, groups):
+        if not _read_quantize(fd, begin, end, src, view, at, s_at, t, 1):
             return None
         if not finite(view[s_at : s_at + s_n], "F32"):
             return None
@@ -176,7 +176,7 @@ def fp8_spec(
         ("hidden_state", f8, (1, t, hidden_size)),
         ("aux_hidden_state", f8, (1, t, n_layers * hidden_size)),
         ("hidden_state" + SCALE_SUFFIX, f32, (1, t, 1)),
-        ("aux_hidden_state" + SCALE_SUFFIX, f32, (1, t, n_layers)),
+        ("aux_hidden_state" + SCALE_SUFFIX, f32, (1, t, 1)),
     )
 
 

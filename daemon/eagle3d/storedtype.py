@@ -10,10 +10,10 @@ depends on the hardware (float32 on a CPU, where bfloat16 matmuls are 4-5x slowe
   (``torch_dtype`` / ``dtype``, the text config's for multimodal wrappers), else bfloat16,
   whatever the compute dtype is;
 * ``bfloat16``, ``float16``, ``float32``: that dtype (float32 only when asked);
-* ``fp8``: e4m3 values with one float32 scale per token per captured layer
-  (:mod:`eagle3d.fp8`), about half the bytes of bfloat16. The files hold two more tensors,
-  ``hidden_state_scale`` ``[1, T, 1]`` and ``aux_hidden_state_scale`` ``[1, T, layers]``;
-  readers dequantize (:mod:`eagle3d.reader`). Never chosen by ``auto``.
+* ``fp8``: e4m3 values with one float32 scale per token per tensor (:mod:`eagle3d.fp8`),
+  about half the bytes of bfloat16. The files hold two more tensors, ``hidden_state_scale``
+  and ``aux_hidden_state_scale`` (``[1, T, 1]`` each); readers dequantize
+  (:mod:`eagle3d.reader`). Never chosen by ``auto``.
 
 A value names a *storage format*, not only a dtype: :data:`FORMATS` maps each name to what
 the files hold. The resolved name is what the job's fingerprint, the journal's

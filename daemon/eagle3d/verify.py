@@ -189,15 +189,12 @@ def _check_tensors(path: str, rec: ev.SampleSaved, store_dtype: str) -> str | No
         got = str(x.dtype).removeprefix("torch.")
         if got != fmt.torch_dtype:
             return f"sample {rec.idx}: {name} is {got}, the job stores {store_dtype}"
-    if fmt.scaled:  # fp8: a positive, finite scale per token and captured layer
-        for name, groups in (
-            ("hidden_state", 1),
-            ("aux_hidden_state", aux.shape[2] // h),
-        ):
+    if fmt.scaled:  # fp8: a positive, finite scale per token and tensor
+        for name in ("hidden_state", "aux_hidden_state"):
             key = name + storedtype.SCALE_SUFFIX
             scale = d[key]
-            if tuple(scale.shape) != (1, t, groups):
-                return f"sample {rec.idx}: {key} {tuple(scale.shape)}, want (1, {t}, {groups})"
+            if tuple(scale.shape) != (1, t, 1):
+                return f"sample {rec.idx}: {key} {tuple(scale.shape)}, want (1, {t}, 1)"
             bad = fp8.check(scale)
             if bad:
                 return f"sample {rec.idx}: {key} {bad}"
