@@ -433,9 +433,10 @@ class Committer:
             ckpt.flush_direct(fd, view, size)
 
     def _stored(self, dump: Dump) -> Dump:
-        """The dump with its states in the storage format (the same object if they are);
-        for the fp8 format, in its dump dtype (quantized when the archive is built)."""
-        if self.store is None:
+        """The dump with its states in the storage format (the same object if they are).
+        fp8 states stay as dumped: they are quantized from them when the archive is built
+        (as the splice does), and a scaled format cannot overflow."""
+        if self.store is None or self.store.scaled:
             return dump
         aux = dump.aux_hidden_state
         hid = dump.hidden_state
@@ -508,12 +509,9 @@ class Committer:
 
 
 def _quantized(payload: dict[str, Any]) -> dict[str, Any]:
-    """The fp8 format's states and scales for a payload's (``[1, T, kH]`` each)."""
+    """The fp8 format's states and scales (one per token per tensor) for a payload's."""
     hid, aux = payload["hidden_state"], payload["aux_hidden_state"]
-    (q_hid, s_hid), (q_aux, s_aux) = (
-        fp8.quantize(hid),
-        fp8.quantize(aux, aux.shape[-1] // hid.shape[-1]),
-    )
+    (q_hid, s_hid), (q_aux, s_aux) = fp8.quantize(hid), fp8.quantize(aux)
     return {
         "hidden_state": q_hid,
         "aux_hidden_state": q_aux,
