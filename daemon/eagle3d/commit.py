@@ -183,9 +183,13 @@ def all_finite(x: torch.Tensor, chunk: int = 1 << 20) -> bool:
     return finite_bits(bits, spec[1], chunk)
 
 
-def finite_bits(bits: np.ndarray, mask: int, chunk: int = 1 << 20) -> bool:
+def finite_bits(bits: np.ndarray, mask: int, chunk: int = 1 << 17) -> bool:
     """True when no element of ``bits`` (floats viewed as integers) has every bit of the
-    exponent ``mask`` set, i.e. none is NaN or Inf."""
+    exponent ``mask`` set, i.e. none is NaN or Inf.
+
+    ``bits & mask`` is at most ``mask``, and equal to it exactly for a NaN or an Inf: so
+    the largest masked value says it, one reduction instead of a comparison's boolean
+    array and its ``any`` (two passes over each chunk instead of three: 0.7 of the time)."""
     import numpy as np
 
     tmp = np.empty(min(chunk, bits.size), dtype=bits.dtype)
@@ -193,7 +197,7 @@ def finite_bits(bits: np.ndarray, mask: int, chunk: int = 1 << 20) -> bool:
         part = bits[i : i + chunk]
         t = tmp[: part.size]
         np.bitwise_and(part, mask, out=t)
-        if (t == mask).any():
+        if t.max() == mask:
             return False
     return True
 
