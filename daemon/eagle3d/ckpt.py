@@ -86,7 +86,7 @@ class _Tensor:
     def __reduce_ex__(self, protocol: Any) -> Any:
         from torch._utils import _rebuild_tensor_v2, _rebuild_tensor_v3
 
-        args = (self.storage, 0, self.shape, self.stride, False, OrderedDict())
+        args: tuple[Any, ...] = (self.storage, 0, self.shape, self.stride, False, OrderedDict())
         if self.dtype is not None:
             return (_rebuild_tensor_v3, (*args, self.dtype))
         return (_rebuild_tensor_v2, args)

@@ -37,7 +37,7 @@ import json
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, cast
 
 from eagle3proto import paths
 
@@ -114,7 +114,7 @@ class ModelOpt(Exporter):
             "conversation_id": f"{idx:08d}",
         }
         w = ChecksumWriter(fd)
-        torch.save(payload, w)
+        torch.save(payload, cast("IO[bytes]", w))
         w.flush()
         return w.size, w.checksum
 
@@ -204,7 +204,7 @@ def speculators_index(rows: Iterable[Row]) -> list[tuple[str, bytes]]:
     with pa.ipc.new_stream(sink, schema) as w:
         w.write_table(table)
     arrow = sink.getvalue().to_pybytes()
-    state = {
+    state: dict[str, Any] = {
         "_data_files": [{"filename": "data-00000-of-00001.arrow"}],
         "_fingerprint": f"{crc32(arrow, 0):08x}{len(ordered):08x}",
         "_format_columns": None,
