@@ -137,3 +137,10 @@ def top(
     return subprocess.run(
         [EAGLE3_TOP, *args], capture_output=True, text=True, env=e, timeout=timeout, check=False
     )
+
+
+def shown_reason(verdict: str) -> str:
+    """The reason in the TUI's verdict lines: the first line and its indented continuation
+    (a long reason wraps), whitespace collapsed; other messages follow on their own lines."""
+    first, *rest = verdict.split("\n")
+    return " ".join(" ".join([first, *(r for r in rest if r.startswith("  "))]).split())

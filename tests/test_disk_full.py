@@ -193,7 +193,8 @@ def test_daemon_pauses_on_a_full_disk_and_resumes_when_it_grows(
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     states = [r.get("state") for r in runkit.records(out, "run_state")]
-    assert states[:2] == ["paused", "running"], states
+    # loading the model, the producer up, then the pause and the resume
+    assert states[:4] == ["loading", "running", "paused", "running"], states
     runkit.assert_complete(out, valid, malformed)
 
 

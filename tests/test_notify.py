@@ -167,18 +167,20 @@ def test_policy_threshold_argument_and_env():
 
 
 def test_format_status_running():
-    v = View(state="running", total=37312, saved=18420, rate_1m=Rates(samples_s=1.1), eta_s=17280.0)
+    v = View(
+        state="running", total=37312, saved=18420, rate_eta=Rates(samples_s=1.1), eta_s=17280.0
+    )
     assert format_status(v) == "saved 18,420/37,312 · 1.1 samples/s · ETA 4 h 48 m"
 
 
 def test_format_status_states_and_failures():
-    v = View(state="running", total=10, saved=2, failed=3, rate_1m=Rates(), eta_s=None)
+    v = View(state="running", total=10, saved=2, failed=3, rate_eta=Rates(), eta_s=None)
     assert format_status(v) == "saved 2/10 · 0.0 samples/s · ETA unknown · 3 failed"
     v = View(state="finished", total=10, saved=10, eta_s=0.0)
     assert format_status(v) == "saved 10/10 · done"
     v = View(state="draining", total=-1, saved=5, in_flight=2, committing=1, eta_s=None)
     assert format_status(v) == "draining 3 in flight: saved 5 · 0.0 samples/s"
-    v = View(state="running", total=100, saved=5, rate_1m=Rates(samples_s=250.0), eta_s=0.38)
+    v = View(state="running", total=100, saved=5, rate_eta=Rates(samples_s=250.0), eta_s=0.38)
     assert format_status(v, "paused") == "paused: saved 5/100 · 250 samples/s · ETA 0 s"
 
 

@@ -121,7 +121,8 @@ def stop(proc: subprocess.Popen[bytes], listener: Listener, twice: bool = False)
 
 @pytest.mark.timeout(180)
 def test_ready_status_watchdog_stopping(tmp_path, tiny_model_dir):
-    proc, lis = start(tmp_path, tiny_model_dir, 400, WATCHDOG_USEC="2000000")
+    # Enough samples that an idle machine is still busy three pings (1 s apart) after READY.
+    proc, lis = start(tmp_path, tiny_model_dir, 4000, WATCHDOG_USEC="2000000")
     try:
         ready = lis.wait("READY=1", proc)
         extend = lis.first("EXTEND_TIMEOUT_USEC=")
@@ -138,7 +139,7 @@ def test_ready_status_watchdog_stopping(tmp_path, tiny_model_dir):
     assert code == 0, err[-3000:]
     assert lis.first("STOPPING=1") is not None
     status = [x for _, x in lis.lines if x.startswith("STATUS=saved ")]
-    assert all("/400 · " in s for s in status), status[:5]
+    assert all("/4,000 · " in s for s in status), status[:5]
 
 
 @pytest.mark.timeout(180)

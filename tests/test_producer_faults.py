@@ -101,11 +101,16 @@ def test_a_worker_that_always_hangs_ends_in_recorded_failures(
         fault="worker_hang:1",
         timeout=150,
     )  # fmt: skip
-    assert r.returncode == 0, r.stderr[-3000:]
     c = runkit.check(out)
     assert not c.bad, c.bad
     assert c.saved | c.failed == valid  # every sample ends one way or the other
     assert c.failed, "some samples should have run out of attempts"
+    # How many run out of attempts depends on the machine's speed; the exit status is the
+    # verdict on that count: 9 once more than runkit's --max-failed-fraction failed.
+    too_many = len(c.failed) > float(runkit.FAILED_FRACTION[1]) * len(valid)
+    assert r.returncode == (9 if too_many else 0), r.stderr[-3000:]
+    if too_many:
+        assert "too many samples failed" in r.stderr, r.stderr[-3000:]
     final = [f for f in _failures(out) if not f.get("retry")]
     assert {f["idx"] for f in final} == c.failed
     for f in final:

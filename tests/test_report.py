@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from eagle3proto import events as ev
 from eagle3proto import reducer
-from eagle3top.model import Row, health, worst
+from eagle3top.model import LOAD_LIMIT_S, PRODUCER_CRITICAL_S, Row, health, worst
 from eagle3top.report import CRITICAL, OK, UNKNOWN, WARNING, Report
 
 NOW = 1_800_000_000.0
@@ -40,12 +40,12 @@ def row(s: reducer.ShardState | None, alive: bool | None = True) -> Row:
         (row(running(last_save_ago=200, extra=[ev.Stats(ts=NOW - 1)])), "stalled", WARNING),
         (
             row(running(extra=[ev.RunState(ts=NOW, state="paused", reason="disk full")])),
-            "stalled",
+            "paused",
             CRITICAL,
         ),
         (
             row(running(extra=[ev.RunState(ts=NOW, state="paused", reason="operator")])),
-            "stalled",
+            "paused",
             WARNING,
         ),
         (row(running(), alive=False), "down", CRITICAL),
@@ -61,7 +61,7 @@ def row(s: reducer.ShardState | None, alive: bool | None = True) -> Row:
         ),
         (row(running(extra=[ev.RunFinished(ts=NOW)]), alive=False), "finished", OK),
         (row(None), "unknown", UNKNOWN),
-        (row(state([ev.RunStarted(ts=NOW - 5, total=10)])), "running", OK),
+        (row(state([ev.RunStarted(ts=NOW - 5, total=10)])), "starting", OK),
     ],
     ids=[
         "ok",
@@ -130,8 +130,8 @@ def _finished(saved: int, failed: int, code: int) -> reducer.ShardState:
 @pytest.mark.parametrize(
     ("s", "code", "needle"),
     [
-        (_finished(0, 218, 9), CRITICAL, "finished with 218 of 218 samples failed (0 saved)"),
-        (_finished(10, 3, 9), WARNING, "finished with 3 of 13 samples failed (10 saved)"),
+        (_finished(0, 218, 9), CRITICAL, "finished: 218 of 218 samples failed (0 saved)"),
+        (_finished(10, 3, 9), WARNING, "finished: 3 of 13 samples failed (10 saved)"),
         (_finished(297, 3, 0), OK, ""),
         (
             running(
@@ -159,3 +159,130 @@ def test_finished_with_failures_and_unwritable_pauses(
 def test_percent_counts_saved_only() -> None:
     v = reducer.view(_finished(0, 218, 9), NOW)
     assert v.percent == 0.0 and v.failed == 218 and v.remaining == 0
+
+
+def loading(
+    started_ago: float, extra: tuple[ev.Event, ...] = (), what: str = "loading model m (hf)"
+) -> reducer.ShardState:
+    return state(
+        [
+            ev.RunStarted(ts=NOW - started_ago - 2, total=10),
+            ev.RunState(ts=NOW - started_ago, state="loading", reason=what),
+            *extra,
+        ]
+    )
+
+
+def test_a_long_model_load_is_healthy_within_the_limit_or_while_it_progresses() -> None:
+    """Before the producer is up no stall rule counts: 36 s (or 10 min) of loading is OK."""
+    for ago in (36.0, 600.0):
+        h = health(row(loading(ago)), NOW)
+        assert (h.state, h.level) == ("loading", OK), h
+        assert h.reason.startswith("loading model m (hf) for ")
+    stuck = health(row(loading(LOAD_LIMIT_S + 60)), NOW)
+    assert (stuck.state, stuck.level) == ("loading", WARNING)
+    assert "no progress seen" in stuck.reason
+    # The producer's memory still grows: past the limit, still healthy.
+    grows = [
+        ev.Stats(ts=NOW - 100, producer_rss_bytes=1 << 30),
+        ev.Stats(ts=NOW - 20, producer_rss_bytes=3 << 30),
+    ]
+    h = health(row(loading(LOAD_LIMIT_S + 60, tuple(grows))), NOW)
+    assert (h.state, h.level) == ("loading", OK), h
+    # The same without growth within the last minute: a warning again.
+    h = health(row(loading(LOAD_LIMIT_S + 60, tuple(grows))), NOW + 120)
+    assert h.level == WARNING and "no progress for 2 m" in h.reason
+
+
+def test_stall_rules_count_from_the_producer_coming_up() -> None:
+    """A 10-minute load then 60 s of work with saves: running, not 'nothing saved for 660 s'."""
+    s = state(
+        [
+            ev.RunStarted(ts=NOW - 670, total=100),
+            ev.RunState(ts=NOW - 660, state="loading", reason="loading model m"),
+            ev.RunState(ts=NOW - 60, state="running", reason="producer up"),
+            ev.SampleSent(ts=NOW - 59, idx=0),
+            ev.Stats(ts=NOW - 1),
+        ]
+    )
+    assert health(row(s), NOW).state == "running"
+    assert health(row(s), NOW + 61).state == "stalled"  # 121 s up and nothing saved
+
+
+def test_waiting_for_the_producer_then_critical_after_the_limit() -> None:
+    msg = "waiting for SGLang at http://127.0.0.1:30000 (12 s)"
+    s = state(
+        [
+            ev.RunStarted(ts=NOW - 40, total=10),
+            ev.RunState(ts=NOW - 39, state="starting", reason="connecting to SGLang"),
+            ev.ProducerEvent(ts=NOW - 30, state="waiting", message=msg),
+            ev.ProducerEvent(ts=NOW - 1, state="waiting", message=msg.replace("(12 s)", "(41 s)")),
+        ]
+    )
+    h = health(row(s), NOW)
+    assert (h.state, h.level) == ("waiting", OK)
+    assert h.reason == "waiting for SGLang at http://127.0.0.1:30000 for 30 s"
+    late = health(row(s), NOW + LOAD_LIMIT_S)
+    assert (late.state, late.level) == ("waiting", CRITICAL)
+    assert Report.judge([row(s)], NOW + LOAD_LIMIT_S).exit_code == CRITICAL
+
+
+def test_producer_down_mid_run_names_the_error_and_turns_critical() -> None:
+    down = ev.ProducerEvent(
+        ts=NOW - 10, state="down", message="http://h:30000 unreachable: ConnectError"
+    )
+    s = running(extra=[ev.RunState(ts=NOW - 599, state="running"), down, ev.Stats(ts=NOW - 1)])
+    h = health(row(s), NOW)
+    assert (h.state, h.level) == ("producer_down", WARNING)
+    assert h.reason == "producer down for 10 s: http://h:30000 unreachable: ConnectError"
+    assert health(row(s), NOW + PRODUCER_CRITICAL_S).level == CRITICAL
+    v = row(s).view(NOW + 100)
+    assert v.eta_frozen == "producer down"
+    back = ev.ProducerEvent(ts=NOW - 1, state="up", message="answers again")
+    s2 = running(extra=[down, back, ev.Stats(ts=NOW - 1)])
+    assert health(row(s2), NOW).state == "running"
+
+
+def test_paused_freezes_the_eta_at_the_pause() -> None:
+    saves = [
+        ev.SampleSaved(ts=NOW - 60 + i, idx=i, path="p", bytes=1, tokens=1, checksum="")
+        for i in range(50)
+    ]
+    pause = ev.RunState(ts=NOW - 10, state="paused", reason="disk full writing to /o")
+    s = state([ev.RunStarted(ts=NOW - 61, total=100), *saves, pause])
+    r = row(s)
+    a, b = r.view(NOW), r.view(NOW + 300)
+    assert a.eta_s is not None and a.eta_s == b.eta_s  # it does not count down (nor grow)
+    assert a.eta_frozen == "paused"
+    assert a.rate.samples_s == 0.0  # the live rate is honest: nothing is being saved
+    h = health(r, NOW)
+    assert (h.state, h.level, h.reason) == ("paused", CRITICAL, "disk full writing to /o")
+    gone = row(running(), alive=False).view(NOW + 50)
+    assert gone.eta_frozen == "daemon down"
+
+
+def test_gpu_xid_is_critical_and_ecc_or_hw_throttle_a_warning() -> None:
+    def with_gpu(**kw: object) -> Row:
+        g = ev.GpuInfo(index=1, name="H200", **kw)  # type: ignore[arg-type]
+        return row(running(extra=[ev.Stats(ts=NOW - 1, gpus=[g])]))
+
+    assert Report.judge([with_gpu()], NOW).exit_code == OK
+    r = Report.judge([with_gpu(xid_errors=1, last_xid=79, last_xid_ts=NOW - 30)], NOW)
+    assert r.exit_code == CRITICAL and r.state == "running"
+    assert r.reason == "gpu1: XID 79 30 s ago (1 since the daemon started)"
+    old = with_gpu(xid_errors=1, last_xid=79, last_xid_ts=NOW - 2 * 3600)
+    assert Report.judge([old], NOW).exit_code == OK
+    assert Report.judge([with_gpu(ecc_errors=2)], NOW).exit_code == WARNING
+    assert Report.judge([with_gpu(throttle=["hw_thermal"])], NOW).exit_code == WARNING
+    assert Report.judge([with_gpu(throttle=["sw_power_cap"])], NOW).exit_code == OK
+
+
+def test_the_verdict_names_the_worst_shard_and_its_reason() -> None:
+    a = Row(label="a", state=running(), alive=True)
+    b = Row(label="b", state=running(), alive=False)
+    r = Report.judge([a, b], NOW)
+    assert (r.state, r.level_word) == ("down", "CRITICAL")
+    assert r.reason.startswith("b: daemon not running")
+    one = Report.judge([Row(label="a", state=loading(30), alive=True)], NOW)
+    assert (one.state, one.level_word) == ("loading", "OK")
+    assert one.reason == "loading model m (hf) for 30 s"

@@ -1,11 +1,17 @@
-"""Conformance of the launcher, the hook and the client with the real SGLang 0.5.21 package.
+"""Conformance of the launcher, the hook and the client with the real SGLang packages.
 
-Runs only inside ``.venv-sglang`` (``scripts/sglang_conformance_env``), where sglang is installed
-without its CUDA dependencies: ``.venv-sglang/bin/python -m pytest tests/test_sglang_conformance.py``.
-SGLang's model, forward-batch and io modules do not import on a CPU-only machine (they need a
-CUDA torchvision), so those are checked from their source with ``ast``; everything that does
-import (ServerArgs, the hook manager, the runtime context, the environment flags, the CUDA-graph
-config) is used for real.
+Runs only inside ``.venv-sglang`` (``scripts/sglang_env``), once per release of the version
+matrix (docs/sglang.md): 0.5.21, installed there, and the installed sources of 0.5.22 and
+0.5.23 put first on the path (both pin torch 2.14.1, which cannot run here, so their Python
+runs on 0.5.21's dependencies)::
+
+    .venv-sglang/bin/python -m pytest tests/test_sglang_conformance.py
+    PYTHONPATH=.venv-sglang/sglang-src/0.5.23 EAGLE3D_SGLANG_VERSION=0.5.23 \
+        .venv-sglang/bin/python -m pytest tests/test_sglang_conformance.py
+
+SGLang's model, forward-batch and io modules are checked from their source with ``ast`` (they
+import CUDA-only kernels at module level); everything that imports (ServerArgs, the hook manager,
+the runtime context, the environment flags, the CUDA-graph config) is used for real.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import pytest
 
 sglang = pytest.importorskip(
     "sglang",
-    reason="needs the real SGLang package: run scripts/sglang_conformance_env, then "
+    reason="needs the real SGLang package: run scripts/sglang_env, then "
     ".venv-sglang/bin/python -m pytest tests/test_sglang_conformance.py",
 )
 
@@ -34,12 +40,16 @@ from eagle3d import sglang_hook as sh  # noqa: E402
 from eagle3d.dump import read_dump  # noqa: E402
 from eagle3d.sglang_launch import CONFLICTS, FIXED_ARGS, HEALTH_ENV, extra_args  # noqa: E402
 
-VERSION = "0.5.21"
+MATRIX = ("0.5.21", "0.5.22", "0.5.23")
+VERSION = os.environ.get("EAGLE3D_SGLANG_VERSION", "0.5.21")
 SRC = Path(sglang.__file__).parent / "srt"
 
 
-def test_pinned_version() -> None:
-    assert sglang.__version__ == VERSION
+def test_the_version_under_test() -> None:
+    assert VERSION in MATRIX and sglang.__version__ == VERSION, (
+        sglang.__version__,
+        sglang.__file__,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -128,6 +138,16 @@ def test_hook_manager_resolves_our_factory_and_keeps_the_locals_we_read() -> Non
     assert hook_manager.resolve_callable(sh.FACTORY) is sh.make_hook
     names = hook_manager.register_forward_hooks.__code__.co_varnames
     assert {"model", "name_to_module", "spec"} <= set(names)
+
+
+def test_the_hooks_api_is_the_shape_the_hook_expects() -> None:
+    """What the hook checks at load (and refuses with a message naming the version)."""
+    from sglang.srt.model_executor import hook_manager
+
+    assert sh.hooks_api_problem(hook_manager.register_forward_hooks) is None
+    # registered after CUDA-graph capture, from the observability config
+    setup = (SRC / "model_executor" / "model_runner_components" / "cuda_graph_setup.py").read_text()
+    assert "register_forward_hooks(model_runner.model, get_observability().forward_hooks)" in setup
 
 
 def test_real_hook_manager_installs_the_hook_and_dumps_equal_hf(

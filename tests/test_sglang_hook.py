@@ -6,6 +6,7 @@ Every dump is compared with an independent Hugging Face forward of the same ids 
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import struct
@@ -246,27 +247,126 @@ def test_only_tp_rank_zero_writes(models: Any, tmp_path: Path) -> None:
     assert cap.writer is None and cap.forwards == 1 and os.listdir(tmp_path) == []
 
 
-def test_writer_survives_a_failed_write(tmp_path: Path) -> None:
-    calls: list[str] = []
+def tagged(rid: str, ids: list[int]) -> sh.Tag:
+    tag = sh.parse_sglang_rid(sh.sglang_rid(rid, ids))
+    assert tag is not None
+    return tag
 
-    def write(d: str, rid: str, *a: Any) -> None:
+
+def host_batch(items: list[tuple[sh.Tag, int, list[int]]]) -> sh.Batch:
+    """One forward's capture: (tag, prefix, the ids of this forward) per request."""
+    segs, off = [], 0
+    for tag, prefix, ids in items:
+        segs.append(sh.Segment(tag, prefix, off, len(ids)))
+        off += len(ids)
+    ids_t = torch.tensor([i for _, _, ids in items for i in ids])
+    return sh.Batch(segs, ids_t, ids_t[:, None].float().repeat(1, 4), ids_t[:, None].float())
+
+
+def failing_write(fail: set[str], calls: list[str]) -> Any:
+    def write(d: str, rid: str, ids: torch.Tensor, *a: Any) -> None:
         calls.append(rid)
-        if len(calls) == 1:
-            raise OSError("disk full")
+        if rid in fail:
+            raise OSError(errno.ENOSPC, "No space left on device")
 
-    w = sh.Writer(sh.DumpAssembler(str(tmp_path), [1], write=write), max_pending=1)
+    return write
+
+
+def markers(d: Path) -> list[tuple[str, str] | None]:
+    return sorted(p for p in map(sh.parse_failure_marker, os.listdir(d)) if p)  # type: ignore[type-var]
+
+
+def test_one_failed_write_loses_only_its_own_dump(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A full dump area fails one request's write: the rest of that forward is written, and
+    another request's chunked prefill in the same forward goes on to its dump."""
+    calls: list[str] = []
+    a = sh.DumpAssembler(str(tmp_path), [1], write=failing_write({"r0"}, calls))
+    long_ids = [7, 8, 9, 10, 11]
+    chunked = tagged("r3", long_ids)
+    a.feed(
+        host_batch(
+            [
+                (tagged("r0", [1, 2]), 0, [1, 2]),
+                (tagged("r1", [3, 4]), 0, [3, 4]),
+                (chunked, 0, long_ids[:3]),
+                (tagged("r2", [5, 6]), 0, [5, 6]),
+            ]
+        )
+    )
+    a.feed(host_batch([(chunked, 3, long_ids[3:])]))
+    assert calls == ["r0", "r1", "r2", "r3"]
+    assert (a.written, a.failed, a.refused) == (3, 1, 0)
+    assert markers(tmp_path) == [("r0", "ENOSPC")]
+    assert "r0" in caplog.text and "ENOSPC: No space left on device" in caplog.text
+    assert "radix" not in caplog.text
+
+
+def test_writer_survives_a_failed_write_and_a_failed_copy(tmp_path: Path) -> None:
+    calls: list[str] = []
+    w = sh.Writer(sh.DumpAssembler(str(tmp_path), [1], write=failing_write({"r0"}, calls)), 1)
+
+    class BrokenEvent:
+        def synchronize(self) -> None:
+            raise RuntimeError("CUDA error: an illegal memory access")
+
     for k in range(3):
         ids = [k + 1, k + 2]
-        tag = sh.parse_sglang_rid(sh.sglang_rid(f"r{k}", ids))
-        assert tag is not None
-        w.put(
-            sh.Batch(
-                [sh.Segment(tag, 0, 0, 2)], torch.tensor(ids), torch.zeros(2, 4), torch.zeros(2, 4)
-            )
-        )
+        b = host_batch([(tagged(f"r{k}", ids), 0, ids)])
+        if k == 2:
+            b.ready = BrokenEvent()
+        w.put(b)
     w.drain()
     w.close(5)
-    assert calls == ["r0", "r1", "r2"] and w.errors == 1 and w.assembler.written == 2
+    assert calls == ["r0", "r1"] and w.assembler.written == 1 and w.errors == 1
+    assert markers(tmp_path) == [("r0", "ENOSPC"), ("r2", "ERROR")]
+
+
+def test_a_lost_chunk_is_called_a_lost_chunk(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A chunked prefill whose earlier chunk was dropped is refused as a lost chunk, with the
+    reason, and a marker tells the client; the radix cache is not blamed."""
+    a = sh.DumpAssembler(str(tmp_path), [1], write=failing_write(set(), []), max_partials=1)
+    x, y = tagged("x", [1, 2, 3, 4]), tagged("y", [5, 6, 7, 8])
+    a.feed(host_batch([(x, 0, [1, 2])]))
+    a.feed(host_batch([(y, 0, [5, 6])]))  # more than max_partials unfinished: x is dropped
+    a.feed(host_batch([(x, 2, [3, 4]), (y, 2, [7, 8])]))
+    assert (a.written, a.refused) == (1, 1)
+    assert "lost chunk of request x" in caplog.text and "unfinished chunked" in caplog.text
+    assert "radix" not in caplog.text.lower()
+    assert markers(tmp_path) == [("x", "LOST")]
+
+
+@pytest.mark.parametrize("radix", [None, True, False])
+def test_cached_tokens_without_chunks_blame_the_radix_cache_only_when_it_may_be_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, radix: bool | None
+) -> None:
+    a = sh.DumpAssembler(str(tmp_path), [1], write=failing_write(set(), []), radix_cache=radix)
+    a.feed(host_batch([(tagged("z", [1, 2, 3, 4]), 2, [3, 4])]))
+    assert a.refused == 1 and a.written == 0
+    if radix is False:
+        assert "lost chunk of request z" in caplog.text and "radix cache is off" in caplog.text
+        assert markers(tmp_path) == [("z", "LOST")]
+    else:
+        assert "prefix cache hit" in caplog.text and "--disable-radix-cache" in caplog.text
+        assert markers(tmp_path) == []
+
+
+def test_failure_marker_names() -> None:
+    name = sh.failure_marker_name("run1-0-1-7-2", "ENOSPC")
+    assert name == ".run1-0-1-7-2.ENOSPC.e3fail" and rid_of(name) is None  # never a dump
+    assert sh.parse_failure_marker(name) == ("run1-0-1-7-2", "ENOSPC")
+    assert sh.parse_failure_marker(sh.failure_marker_name("a.b", "not-a-reason")) == (
+        "a.b",
+        "ERROR",
+    )
+    for other in ("x.e3dump", ".x.e3dump.tmp", ".x.e3fail", "..ENOSPC.e3fail"):
+        assert sh.parse_failure_marker(other) is None
+    assert sh.describe_error(OSError(errno.EROFS, "Read-only file system")) == (
+        "EROFS: Read-only file system"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -331,3 +431,79 @@ def test_wrong_calling_convention_fails_loudly(models: Any, tmp_path: Path) -> N
     fb = st.make_batch([("r", [1, 2], 0)], {})
     with pytest.raises(sh.HookLoadError, match="third positional argument"):
         model.model(fb.input_ids, fb.positions, forward_batch=fb)
+
+
+def test_our_own_requests_decoding_in_a_mixed_forward_are_not_captured(
+    models: Any, tmp_path: Path
+) -> None:
+    """With --enable-mixed-chunk (and the overlap scheduler) a MIXED forward carries the token
+    one of our requests decodes after its prompt: prefix = the prompt's length. Its prompt is
+    captured already; taking it for a chunk made a needless 'lost chunk' (seen on a real
+    SGLang 0.5.21)."""
+    from types import SimpleNamespace
+
+    cap = install(fresh(models), tmp_path)
+    done, new = [5, 6, 7], [8, 9]
+    fb = SimpleNamespace(
+        rids=[sh.sglang_rid("a", done), sh.sglang_rid("b", new), "user-1"],
+        extend_seq_lens_cpu=[1, 2, 1],
+        extend_prefix_lens_cpu=[3, 0, 40],
+    )
+    ((tag, prefix, start, n),) = cap._segments(fb)
+    assert (tag.rid, prefix, start, n) == ("b", 0, 1, 2)
+
+
+def _api_0521(model: Any, hook_specs: list[dict[str, Any]]) -> None:
+    name_to_module = dict(model.named_modules())
+    for spec in hook_specs:
+        hook = spec["factory"](spec.get("config") or {})
+        for module in name_to_module.values():
+            module.register_forward_hook(hook)
+
+
+def _api_newer(model: Any, hook_specs: list[dict[str, Any]]) -> None:
+    name_to_module = dict(model.named_modules())
+    for spec in hook_specs:
+        hook = spec["factory"](spec.get("config") or {})
+        kind = spec.get("hook_type", "forward")
+        for module in name_to_module.values():
+            if kind == "forward_pre":
+                module.register_forward_pre_hook(hook, with_kwargs=True)
+            else:
+                module.register_forward_hook(hook, with_kwargs=True)
+
+
+def _api_renamed(model: Any, specs: list[dict[str, Any]]) -> None:
+    for s in specs:
+        model.register_forward_hook(s)
+
+
+def test_the_hooks_api_shape_is_detected() -> None:
+    assert sh.hooks_api_problem(_api_0521) is None
+    assert "newer hooks API" in (sh.hooks_api_problem(_api_newer) or "")
+    assert "not (model, hook_specs)" in (sh.hooks_api_problem(_api_renamed) or "")
+    assert sh.hooks_api_problem(len) == "is not a Python function"
+
+
+def test_a_newer_hooks_api_is_refused_at_load_naming_the_version(
+    models: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Inside an SGLang whose hook manager calls hooks differently, make_hook refuses before
+    the first request, naming the version it met and the API it expects."""
+    import types
+
+    pkg = {
+        "sglang": types.ModuleType("sglang"),
+        "sglang.srt": types.ModuleType("sglang.srt"),
+        "sglang.srt.model_executor": types.ModuleType("sglang.srt.model_executor"),
+        "sglang.srt.model_executor.hook_manager": types.ModuleType("hook_manager"),
+    }
+    pkg["sglang"].__version__ = "0.9.0"  # type: ignore[attr-defined]
+    pkg["sglang.srt.model_executor.hook_manager"].register_forward_hooks = _api_newer  # type: ignore[attr-defined]
+    for name, mod in pkg.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    with pytest.raises(sh.HookLoadError) as e:
+        sh.make_hook({"dump_dir": str(tmp_path)})
+    msg = str(e.value)
+    assert "sglang 0.9.0's register_forward_hooks uses" in msg and "newer hooks API" in msg
+    assert "module.register_forward_hook(hook)" in msg and "0.5.21 to 0.5.23" in msg

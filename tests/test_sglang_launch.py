@@ -167,3 +167,94 @@ def test_serve_writes_the_model_default_layers_into_the_spec(
         == 0
     )
     assert spec_of(shlex.split(capsys.readouterr().out))["config"]["aux_layers"] == [1, 2]  # type: ignore[index]
+
+
+def test_restart_policy() -> None:
+    p = sl.RestartPolicy(base=2, cap=10, stable=300, max_unready=3)
+    assert p.died(ready=False, life_s=5) is None  # never ready: a configuration error
+    p = sl.RestartPolicy(base=2, cap=10, stable=300, max_unready=3)
+    assert [p.died(ready=True, life_s=30) for _ in range(4)] == [2, 4, 8, 10]
+    assert p.died(ready=True, life_s=301) == 2  # a long healthy life resets the back-off
+    assert p.died(ready=False, life_s=1) == 4 and p.died(ready=False, life_s=1) == 8
+    assert p.died(ready=False, life_s=1) is None  # three restarts in a row never got ready
+    assert p.restarts == 7
+
+
+SERVER = """
+import http.server, os, sys, threading, time
+open(sys.argv[2], "a").write(f"{os.getpid()}\\n")
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers()
+    def log_message(self, *a): pass
+srv = http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H)
+threading.Thread(target=srv.serve_forever, daemon=True).start()
+time.sleep(0.6)
+os._exit(1)  # a crash after it was ready
+"""
+
+
+def test_serve_restarts_a_server_that_died_after_it_was_ready_until_stopped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+    import os
+    import signal
+    import socket
+    import threading
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    lives = tmp_path / "lives"
+    script = tmp_path / "server.py"
+    script.write_text(SERVER)
+    cmd = [sys.executable, str(script), str(port), str(lives)]
+    stopper = threading.Timer(4.0, os.kill, (os.getpid(), signal.SIGTERM))
+    stopper.start()
+    caplog.set_level(logging.INFO, "eagle3d.sglang")
+    try:
+        rc = sl.supervise(
+            cmd, dict(os.environ), f"http://127.0.0.1:{port}", poll=0.05,
+            policy=sl.RestartPolicy(base=0.1, cap=0.2),
+        )  # fmt: skip
+    finally:
+        stopper.cancel()
+    assert len(lives.read_text().split()) >= 3, caplog.text
+    assert "restart 1 in 0 s" in caplog.text and "restart 2 in 0 s" in caplog.text
+    assert "SIGTERM" in caplog.text
+    assert rc in (0, 1, 128 + signal.SIGTERM)
+
+
+def test_a_killed_serve_sglang_takes_its_server_with_it(tmp_path: Path) -> None:
+    """SGLang runs in a session of its own; if serve-sglang dies by SIGKILL, the server gets
+    SIGTERM (parent-death signal) rather than living on with its port and memory."""
+    import os
+    import signal
+    import time
+
+    pidfile = tmp_path / "server.pid"
+    child = f"import os, time; open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+    sup = (
+        "import sys; from eagle3d import sglang_launch as sl; "
+        f"sl.supervise([sys.executable, '-c', {child!r}], {{}}, 'http://127.0.0.1:9', poll=0.05)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", sup])
+    try:
+        deadline = time.monotonic() + 30
+        while not pidfile.exists() or not pidfile.read_text():
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        server = int(pidfile.read_text())
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                os.kill(server, 0)
+            except ProcessLookupError:
+                break
+            assert time.monotonic() < deadline, "the server outlived its supervisor"
+            time.sleep(0.05)
+    finally:
+        proc.kill()

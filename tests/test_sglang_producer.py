@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -14,20 +17,31 @@ from typing import Any
 import httpx
 import pytest
 from eagle3d.producers.base import DUMP_GRACE_S, Request
-from eagle3d.producers.sglang import ServerUnfit, SGLangProducer, parse_metrics, rate
-from eagle3d.sglang_hook import FACTORY, hook_spec, parse_sglang_rid
+from eagle3d.producers.sglang import (
+    NotSGLang,
+    ServerUnfit,
+    SGLangProducer,
+    parse_metrics,
+    rate,
+    server_url_problem,
+)
+from eagle3d.sglang_hook import FACTORY, failure_marker_name, hook_spec, parse_sglang_rid
 
 
 class Events:
     def __init__(self) -> None:
         self.failed: list[tuple[str, str, bool]] = []
+        self.messages: list[str] = []
         self.states: list[str] = []
+        self.said: list[str] = []
 
     def request_failed(self, rid: str, error: str, message: str, retryable: bool) -> None:
         self.failed.append((rid, error, retryable))
+        self.messages.append(message)
 
     def producer_state(self, state: str, message: str = "") -> None:
         self.states.append(state)
+        self.said.append(message)
 
 
 def info(dump_dir: str, aux: list[int] | None = None, **kw: Any) -> dict[str, Any]:
@@ -202,6 +216,7 @@ async def test_an_answered_request_whose_dump_never_arrives_is_retried_after_the
     assert ev.failed == []
     p.missing_dumps(now + DUMP_GRACE_S + 1)
     assert ev.failed == [("lost", "DumpMissing", True)]
+    assert f"dump area {tmp_path} has " in ev.messages[0] and "bytes free" in ev.messages[0]
     p.missing_dumps(now + 3 * DUMP_GRACE_S)
     assert len(ev.failed) == 1
     await p.stop()
@@ -284,9 +299,10 @@ async def test_start_falls_back_to_get_server_info_and_waits_for_the_server(tmp_
     )
     ev = Events()
     await p.start(ev)
-    assert ev.states == ["up"] and p._info_path == "/get_server_info"
+    assert ev.states == ["waiting", "up"] and p._info_path == "/get_server_info"
+    assert ev.said[0] == "waiting for SGLang at http://x (0 s)"
     await p.stop()
-    with pytest.raises(ConnectionError, match="not reachable"):
+    with pytest.raises(ConnectionError, match="did not answer within 0 s: ConnectError: no"):
         q = SGLangProducer(
             "http://x",
             dump_dir=str(tmp_path),
@@ -297,6 +313,77 @@ async def test_start_falls_back_to_get_server_info_and_waits_for_the_server(tmp_
             ),
         )
         await q.start(Events())
+
+
+async def test_the_hooks_failure_marker_names_why_a_dump_is_missing(tmp_path: Path) -> None:
+    """The hook could not write a dump (a full dump area): the client reports the errno at
+    once, as the HF producer does, instead of DumpMissing after the grace."""
+    p, ev = await started(Server(str(tmp_path)), str(tmp_path))
+    for rid in ("full", "lostchunk", "fine"):
+        p.submit(req(rid))
+    await settle(p)
+    for rid, reason in (("full", "ENOSPC"), ("lostchunk", "LOST"), ("someone-else", "ENOSPC")):
+        (tmp_path / failure_marker_name(rid, reason)).touch()
+    p.missing_dumps(time.monotonic())
+    assert sorted(ev.failed) == [
+        ("full", "DumpWriteError", True),
+        ("lostchunk", "DumpWriteError", True),
+    ]
+    full = ev.messages[[f[0] for f in ev.failed].index("full")]
+    assert full.startswith("the server's hook could not write the dump: ENOSPC: No space left")
+    assert "bytes free" in full
+    # read markers are removed; another client's recent one is left for it
+    assert os.listdir(tmp_path) == [failure_marker_name("someone-else", "ENOSPC")]
+    p.missing_dumps(time.monotonic() + 2 * DUMP_GRACE_S)  # no marker, no dump: the grace
+    assert len(ev.failed) == 3 and ev.failed[-1] == ("fine", "DumpMissing", True)
+    await p.stop()
+
+
+@pytest.mark.parametrize(
+    "answer, said",
+    [
+        (httpx.Response(404, text="<html>Not Found</html>"), "HTTP 404 ('<html>Not Found</html>')"),
+        (
+            httpx.Response(401, text="login first"),
+            "GET /server_info answered HTTP 401 ('login first')",
+        ),
+        (
+            httpx.Response(200, text="<!doctype html><p>hello"),
+            "HTTP 200 with '<!doctype html><p>hello'",
+        ),
+        (httpx.Response(200, json={"status": "ok"}), "not SGLang's server info"),
+    ],
+)
+async def test_an_address_that_answers_but_is_not_sglang_is_refused_at_once(
+    tmp_path: Path, answer: httpx.Response, said: str
+) -> None:
+    p = SGLangProducer(
+        "http://web.test",
+        dump_dir=str(tmp_path),
+        aux_layers=None,
+        transport=httpx.MockTransport(lambda r: answer),
+    )
+    t0 = time.monotonic()
+    with pytest.raises(NotSGLang, match=r"http://web\.test is not an SGLang server") as e:
+        await p.start(Events())
+    assert said in str(e.value) and time.monotonic() - t0 < 5
+
+
+@pytest.mark.parametrize(
+    "url, ok_",
+    [
+        ("http://127.0.0.1:30000", True),
+        ("https://node7", True),
+        ("http://[::1]:8000/", True),
+        ("htp:/bogus", False),
+        ("127.0.0.1:30000", False),
+        ("http://", False),
+        ("http://host:port", False),
+        ("http://host:30000/generate", False),
+    ],
+)
+def test_server_urls(url: str, ok_: bool) -> None:
+    assert (server_url_problem(url) is None) == ok_, server_url_problem(url)
 
 
 METRICS_TEXT = """# HELP sglang:prompt_tokens_total Number of prefill tokens processed.
@@ -358,3 +445,16 @@ def test_parse_metrics_and_rate() -> None:
     assert rate((1.0, 10.0), 30.0, 3.0) == 10.0
     assert rate((1.0, 10.0), 3.0, 3.0) is None  # counter reset: a restarted server
     assert FACTORY == "eagle3d.sglang_hook:make_hook"
+
+
+def test_run_refuses_a_server_url_that_does_not_parse_before_starting(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    r = subprocess.run(
+        [sys.executable, "-m", "eagle3d", "run", "--backend", "sglang", "--server", "htp:/bogus",
+         "--model", str(tmp_path), "--dataset", str(tmp_path / "d.jsonl"), "--output", str(out),
+         "--dump-dir", str(tmp_path / "dumps")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 2, r.stderr
+    assert "server: 'htp:/bogus': want an http:// or https:// URL" in r.stderr
+    assert not out.exists()  # nothing started

@@ -17,16 +17,25 @@ class NVMLError(Exception):
 
 
 class FakeNvml:
-    """Stands in for the ``pynvml`` module: the seam NvmlGpus takes as an argument."""
+    """Stands in for the ``pynvml`` module: the seam NvmlGpus takes as an argument.
+
+    Its constants are pynvml's; ``xids`` lists (device, code) events waiting to be read.
+    """
 
     NVML_TEMPERATURE_GPU = 0
+    NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
     NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
     NVML_VOLATILE_ECC = 0
+    NVML_AGGREGATE_ECC = 1
 
-    def __init__(self, devices: int = 2, init_error: bool = False) -> None:
+    def __init__(self, devices: int = 2, init_error: bool = False, xid: bool = True) -> None:
         self.devices = devices
         self.init_error = init_error
         self.shutdowns = 0
+        self.xid_supported = xid
+        self.xids: list[tuple[int, int]] = []
+        self.sets: dict[int, int] = {}  # event set -> device
+        self.freed: list[int] = []
 
     def nvmlInit(self) -> None:
         if self.init_error:
@@ -56,13 +65,41 @@ class FakeNvml:
     def nvmlDeviceGetPowerUsage(self, h: int) -> int:
         return 412_500  # milliwatts
 
+    def nvmlDeviceGetEnforcedPowerLimit(self, h: int) -> int:
+        return 700_000
+
     def nvmlDeviceGetTotalEccErrors(self, h: int, kind: int, counter: int) -> int:
         if h == 1:
             raise NVMLError("Not Supported")
-        return 3
+        # uncorrected volatile 3, corrected volatile 41, uncorrected over the board's life 5
+        return {(1, 0): 3, (0, 0): 41, (1, 1): 5}[(kind, counter)]
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, h: int) -> int:
         return 0x4 | 0x40 | 0x1  # sw power cap, hw thermal, idle (ignored)
+
+    def nvmlDeviceGetSupportedEventTypes(self, h: int) -> int:
+        return 0x8 | 0x1 if self.xid_supported else 0x1
+
+    def nvmlEventSetCreate(self) -> int:
+        es = 100 + len(self.sets)
+        self.sets[es] = -1
+        return es
+
+    def nvmlDeviceRegisterEvents(self, h: int, types: int, es: int) -> None:
+        assert types == 0x8
+        self.sets[es] = h
+
+    def nvmlEventSetWait_v2(self, es: int, timeout_ms: int) -> SimpleNamespace:
+        assert timeout_ms == 0  # never blocks the stats record
+        dev = self.sets[es]
+        for k, (d, code) in enumerate(self.xids):
+            if d == dev:
+                del self.xids[k]
+                return SimpleNamespace(eventType=0x8, eventData=code, device=d)
+        raise NVMLError("Timeout")
+
+    def nvmlEventSetFree(self, es: int) -> None:
+        self.freed.append(es)
 
 
 def test_real_probes_without_gpu_give_empty_gpus_and_a_note(tmp_path) -> None:
@@ -102,8 +139,38 @@ def test_fake_nvml_reads_every_field_and_blanks_only_unsupported_ones() -> None:
     assert a.ecc_errors == 3
     assert b.ecc_errors == 0  # "Not Supported" blanks the field, not the device
     assert a.throttle == ["sw_power_cap", "hw_thermal"]
+    assert (a.power_limit_w, a.ecc_corrected, a.ecc_uncorrected_total) == (700.0, 41, 5)
+    assert (a.xid_errors, a.last_xid, a.last_xid_ts) == (0, 0, 0.0)
     g.close()
     assert nvml.shutdowns == 1
+
+
+def test_xid_events_are_counted_per_device_with_the_newest_code_and_time() -> None:
+    """No GPU is lent to this task: the XID path runs against the double at the NVML seam."""
+    nvml = FakeNvml(devices=2)
+    now = [1000.0]
+    g = NvmlGpus(nvml, clock=lambda: now[0])
+    gpus, _ = g.read()
+    assert [x.xid_errors for x in gpus] == [0, 0]
+    nvml.xids += [(1, 13), (1, 79)]
+    now[0] = 1005.0
+    a, b = g.read()[0]
+    assert (a.xid_errors, b.xid_errors, b.last_xid, b.last_xid_ts) == (0, 2, 79, 1005.0)
+    now[0] = 1010.0
+    a, b = g.read()[0]  # nothing new: the count and the time hold
+    assert (b.xid_errors, b.last_xid, b.last_xid_ts) == (2, 79, 1005.0)
+    nvml.xids.append((0, 48))
+    a, b = g.read()[0]
+    assert (a.xid_errors, a.last_xid, a.last_xid_ts) == (1, 48, 1010.0)
+    g.close()
+    assert sorted(nvml.freed) == [100, 101]
+
+
+def test_a_board_without_xid_events_reads_everything_else() -> None:
+    nvml = FakeNvml(devices=1, xid=False)
+    gpus, note = NvmlGpus(nvml).read()
+    assert note == "" and gpus[0].util_percent == 87 and gpus[0].xid_errors == 0
+    assert nvml.sets == {}
 
 
 def test_failed_init_is_a_note_and_never_shut_down() -> None:
@@ -158,6 +225,10 @@ class FakeProbes:
     def process(self) -> tuple[float, int]:
         return 12.5, 1 << 30
 
+    def children_rss(self) -> int:
+        self.asked.append("children")
+        return 3 << 30
+
     def close(self) -> None:
         self.closed = True
 
@@ -172,5 +243,25 @@ def test_telemetry_composes_a_stats_record_from_the_seam() -> None:
     assert (s.cpu_percent, s.rss_bytes, s.inflight) == (12.5, 1 << 30, 7)
     assert s.producer.name == "sglang" and not s.producer.up
     assert Telemetry("/out", probes=probes).sample().disk[0].label == "output"
+    assert "children" not in probes.asked and s.producer_rss_bytes == 0  # only while loading
+    assert t.sample(producer_rss=True).producer_rss_bytes == 3 << 30
     t.close()
     assert probes.closed
+
+
+def test_children_rss_counts_the_real_child_processes() -> None:
+    """The producer's workers are the daemon's children: their memory is what a load grows."""
+    import subprocess
+    import sys
+
+    probes = SystemProbes(FakeNvml(0))
+    before = probes.children_rss()
+    code = "import sys; b = bytearray(200 << 20); print('ready', flush=True); sys.stdin.read()"
+    child = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "ready\n"
+        assert probes.children_rss() - before > 190 << 20
+    finally:
+        child.communicate("")

@@ -93,12 +93,12 @@ def test_tmux_against_the_event_source(tmp_path) -> None:
             first = saved_on_screen(s)
             t.wait_screen(lambda s: saved_on_screen(s) > first)  # it moves
             t.keys("p")
-            s = t.wait_screen(lambda s: "PAUSED" in s)
+            s = t.wait_screen(lambda s: "SCREEN FROZEN" in s)
             frozen = saved_on_screen(s)
             time.sleep(1.5)
-            assert saved_on_screen(t.screen()) == frozen  # paused: the numbers hold still
+            assert saved_on_screen(t.screen()) == frozen  # frozen: the numbers hold still
             t.keys("p")
-            t.wait_screen(lambda s: "PAUSED" not in s and saved_on_screen(s) > frozen)
+            t.wait_screen(lambda s: "SCREEN FROZEN" not in s and saved_on_screen(s) > frozen)
             t.keys("?")
             t.wait_screen(lambda s: "press any key to close" in s)
             t.keys("Escape")
@@ -152,9 +152,91 @@ def test_tmux_against_the_real_daemon(tmp_path, tiny_model_dir) -> None:
         jstate, _ = read_journal(paths.journal_dir(out, paths.Shard()))
         assert jstate.state == "finished"
         assert saved_on_screen(s) == jstate.saved > 0
-        assert "total 60" in s
+        assert "/ 60 saved" in s
         t.keys("q")
     finally:
         t.kill()
         if daemon.poll() is None:
             daemon.kill()
+
+
+def test_80x24_shows_the_verdict_and_the_counters(tmp_path) -> None:
+    """The smallest usual terminal: the verdict, the three counters, progress and the ETA
+    are on screen; the rest scrolls below them."""
+    out = str(tmp_path)
+    with event_source(out, "--total", "100000", "--rate", "300", "--bytes", "1000"):
+        t = Tmux([EAGLE3_TOP, "--output", out, "--interval", "0.5"], width=80, height=24)
+        try:
+            # Once the rate has a second of data since the producer came up, the ETA is known.
+            s = t.wait_screen(lambda s: "RUNNING  OK" in s and re.search(r"│ ETA \d", s))
+            lines = s.splitlines()
+            assert len(lines) <= 24 and all(len(ln) <= 80 for ln in lines)
+            assert "RUNNING  OK" in lines[0]
+            assert lines[1].strip().startswith("saving; last sample saved")
+            assert "● live (socket)" in lines[2]
+            heads = [i for i, ln in enumerate(lines) if re.search(r"sent\s+dumped\s+saved", ln)]
+            assert heads and heads[0] < 8, s
+            assert any(re.search(r"\d+\.\d% .* / 100,000 saved", ln) for ln in lines), s
+            assert any(re.search(r"│ ETA \d", ln) for ln in lines), s
+            assert "q Quit" in lines[-1]
+        finally:
+            t.kill()
+
+
+def test_a_shard_started_after_the_tui_appears_within_5_s(tmp_path) -> None:
+    """A Slurm array's second task starts after the monitor: it shows up without a restart."""
+    out = str(tmp_path)
+    args = ("--total", "100000", "--rate", "100", "--bytes", "1000")
+    with event_source(out, "--shard", "0/2", *args):
+        t = Tmux([EAGLE3_TOP, "--output", out, "--interval", "0.5"])
+        try:
+            t.wait_screen(lambda s: "live (socket)" in s and saved_on_screen(s) > 0)
+            assert "shard-1-of-2" not in t.screen()
+            jdir = paths.journal_dir(out, paths.Shard(1, 2))
+            with event_source(out, "--shard", "1/2", *args):
+                assert os.path.isdir(jdir)
+                born = time.monotonic()
+                s = t.wait_screen(lambda s: "shard-1-of-2" in s, timeout=30)
+                seen_after = time.monotonic() - born
+                assert seen_after <= 5.0, f"the new shard took {seen_after:.1f} s to appear"
+                assert "Shards" in s and "shard-0-of-2" in s
+                t.wait_screen(lambda s: re.search(r"shard-1-of-2\s+running", s) is not None)
+        finally:
+            t.kill()
+
+
+@pytest.mark.slow
+def test_eagle3d_run_draws_one_live_progress_line_on_a_terminal(tmp_path, tiny_model_dir) -> None:
+    """On a terminal the daemon redraws one progress line in place (log lines above it)."""
+    data = str(resources.files("eagle3d").joinpath("data/demo.jsonl"))
+    subset = tmp_path / "data.jsonl"
+    with open(data) as f:
+        subset.write_text("".join(f.readlines()[:40]))
+    out = str(tmp_path / "out")
+    cmd = [
+        sys.executable, "-m", "eagle3d", "run", "--model", str(tiny_model_dir),
+        "--dataset", str(subset), "--output", out, "--workers", "1",
+        "--dump-dir", str(tmp_path / "dumps"),
+    ]  # fmt: skip
+    slow = ["env", "EAGLE3D_FAULT=worker_slow:300", *cmd]  # the run lasts long enough to watch
+    t = Tmux(["sh", "-c", subprocess.list2cmdline(slow) + "; echo EXITED $?; sleep 600"])
+    try:
+        seen = set()
+        end = time.monotonic() + 120
+        while time.monotonic() < end:
+            s = t.screen()
+            progress = [ln for ln in s.splitlines() if re.search(r"saved \d+/40 \(", ln)]
+            assert len(progress) <= 1, s  # in place: never a second progress line
+            if progress:
+                seen.add(progress[0])
+            if "EXITED" in s:
+                break
+            time.sleep(0.3)
+        assert "EXITED 0" in s, s
+        assert "loading model" in s and "producer hf up" in s
+        assert len(seen) >= 2  # it moved
+        final = [ln for ln in s.splitlines() if "finished: saved 40/40 (100.0%)" in ln]
+        assert len(final) == 1, s
+        assert "saved 0/-1" not in s and "ETA 0s" not in s
+    finally:
+        t.kill()

@@ -11,7 +11,7 @@ import time
 import pytest
 from eagle3proto import events as ev
 from eagle3proto import reducer
-from eagle3top import panels
+from eagle3top import hostpanels, panels
 from eagle3top.app import Eagle3Top, HelpScreen
 from eagle3top.feeds import Feed, LocalFeed, StreamFeed, backoff
 from eagle3top.model import Row
@@ -149,13 +149,14 @@ async def test_panels_show_the_pipeline_throughput_eta_disk_gpu_producer_errors(
             assert word in pipe
         # 400 saved, 1 dumped not yet saved, 4 more sent; 2 failures retried, 1 given up
         assert pipe.splitlines()[1].split() == ["405", "401", "400", "1"]
-        assert "total 1,000" in pipe and "40.0%" in pipe and "599 left" in pipe  # saved only
-        assert "in flight (sent-dumped) 4" in pipe and "committing (dumped-saved) 1" in pipe
+        # 40 % is saved over total: the failed sample is done, and no progress
+        assert "400 / 1,000 saved" in pipe and " 40.0%" in pipe and "599 left" in pipe
+        assert "in flight (sent - dumped) 4" in pipe and "committing (dumped - saved) 1" in pipe
         thr = text_of(app, "throughput")
         assert "samples" in thr and "tokens" in thr and "MB" in thr
         assert thr.splitlines()[1].split()[:3] == ["samples", "0.70/s", "0.68/s"]
-        eta = text_of(app, "eta")
-        assert "ETA  14 m" in eta and "finish  08:14" in eta  # 599 left at 0.68/s
+        eta = pipe.splitlines()[4]  # 599 left at 0.68/s, since the producer came up
+        assert eta.startswith("ETA 14 m  finish 08:14  at 0.68 samples/s (last 1 min)"), eta
         disk = text_of(app, "disk")
         assert "900.0 GB free" in disk and "at completion: fits (119.8 GB more needed)" in disk
         assert "dump" in disk
@@ -164,12 +165,13 @@ async def test_panels_show_the_pipeline_throughput_eta_disk_gpu_producer_errors(
         prod = text_of(app, "producer")
         assert "hf up" in prod and "latency 1.25 s" in prod and "restarts 1" in prod
         errs = text_of(app, "errors")
-        assert errs.count("ShapeError") == 3 and "(retrying)" in errs
+        assert errs.count("ShapeError") == 3 and "(retrying)" in errs and "(gave up)" in errs
         assert "live (socket)" in text_of(app, "conn")
-        assert "RUNNING" in text_of(app, "header")
+        # One failure for good in 400 saved: not "rising" (1 %); the verdict is OK.
+        assert "RUNNING  OK" in text_of(app, "header")
 
 
-def test_producer_detail_is_wrapped_to_the_panel_with_whole_numbers_as_integers() -> None:
+def test_producer_detail_is_in_words_wrapped_to_the_panel() -> None:
     row = live_row()
     assert row.state is not None and row.state.stats is not None
     row.state.stats.producer.detail = {
@@ -180,27 +182,29 @@ def test_producer_detail_is_wrapped_to_the_panel_with_whole_numbers_as_integers(
         "dtype": "float32",
         "inflight": 128.0,
     }
-    text = panels.producer([row], T0).plain
+    text = hostpanels.producer([row], T0).plain
     detail = text.splitlines()[1:3]
     assert detail == [
-        "batch_fill 0.771  device cpu  dtype float32  inflight 128",
-        "threads_per_worker 1  workers 2",
+        "workers 2 · threads per worker 1 · device cpu · dtype float32",
+        "at the workers 128 · batch fill 77%",
     ]
     assert all(len(line) <= 62 for line in detail)
+    for raw in ("batch_fill", "threads_per_worker", "inflight", "moved"):
+        assert raw not in text
 
 
 async def test_keys_pause_help_and_quit() -> None:
     app = make_app([live_row()])
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("p")
-        assert "PAUSED" in text_of(app, "header")
+        assert "SCREEN FROZEN" in text_of(app, "header")
         before = text_of(app, "pipeline")
         assert app.rows[0].state is not None
-        app.rows[0].state.saved += 100  # new data arrives while paused ...
+        app.rows[0].state.saved += 100  # new data arrives while frozen ...
         app.tick()
-        assert text_of(app, "pipeline") == before  # ... but the frozen screen says PAUSED
+        assert text_of(app, "pipeline") == before  # ... but the frozen screen says so
         await pilot.press("p")
-        assert "PAUSED" not in text_of(app, "header")
+        assert "SCREEN FROZEN" not in text_of(app, "header")
         assert text_of(app, "pipeline") != before
         await pilot.press("question_mark")
         assert isinstance(app.screen, HelpScreen)
@@ -411,9 +415,13 @@ async def test_fleet_of_remote_hosts_over_fake_ssh(tmp_path, monkeypatch) -> Non
         ]
         app = Eagle3Top(feeds, interval=0.25)
         async with app.run_test(size=SIZE) as pilot:
-            for _ in range(200):
+            # Three ssh stand-ins each start an eagle3-top relay: on a loaded 2-core machine
+            # that took over 10 s once (a full suite run beside other jobs).
+            end = time.monotonic() + 40
+            while time.monotonic() < end:
                 a, b, c = (f.row for f in feeds)
-                if a.conn == "live" and b.state is not None and c.retry_at is not None:
+                up = a.conn == "live" and a.state is not None
+                if up and b.state is not None and c.retry_at is not None:
                     break
                 await pilot.pause(0.05)
             app.tick()

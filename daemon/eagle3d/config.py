@@ -69,6 +69,12 @@ class JobConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 "backend 'sglang' needs dump_dir (--dump-dir): the directory the server's "
                 "capture hook writes to (`eagle3d sglang-args` prints the server side)"
             )
+        if self.backend == "sglang":
+            from .producers.sglang import server_url_problem
+
+            problem = server_url_problem(self.server)
+            if problem:
+                raise ConfigError(f"server: {problem}")
         if self.aux_layers and len(self.aux_layers) != 3:
             raise ConfigError(f"aux_layers: expected 3 layer ids, got {self.aux_layers}")
         for key in ("max_attempts", "batch_tokens"):

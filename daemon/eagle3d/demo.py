@@ -19,6 +19,8 @@ from importlib import resources
 from eagle3proto import paths, reducer
 from eagle3proto.journal import Follower
 
+from .progress import ProgressLine
+
 
 def _dataset() -> str:
     return str(resources.files("eagle3d").joinpath("data/demo.jsonl"))
@@ -28,16 +30,6 @@ def _eagle3_top() -> str | None:
     """The monitor installed beside this interpreter (a venv need not be on PATH)."""
     beside = os.path.join(os.path.dirname(sys.executable), "eagle3-top")
     return beside if os.access(beside, os.X_OK) else shutil.which("eagle3-top")
-
-
-def _progress_line(state: reducer.ShardState, now: float) -> str:
-    v = reducer.view(state, now)
-    eta = "-" if v.eta_s is None else f"{v.eta_s:.0f}s"
-    return (
-        f"  sent {v.sent:4d} | dumped {v.dumped:4d} | saved {v.saved:4d}/{v.total} | failed {v.failed}"
-        f" | in flight {v.in_flight:3d} committing {v.committing:2d}"
-        f" | {v.rate.samples_s:5.1f} samples/s {v.rate.tokens_s:7.0f} tok/s | ETA {eta}"
-    )
 
 
 def run_demo(
@@ -68,17 +60,18 @@ def run_demo(
             top = subprocess.Popen([top_cmd, "--output", output])
         state = reducer.new_state()
         follower = Follower(paths.journal_dir(output, paths.Shard()))
-        last = 0.0
+        # One live line on a terminal; a line per state change and every 5 s in a pipe.
+        line = ProgressLine.for_stream(sys.stdout, every=5.0) if not quiet and top is None else None
         while True:
             code = proc.poll()
             reducer.apply_all(state, follower.poll())
-            now = time.time()
-            if not quiet and top is None and (now - last >= 2.0 or code is not None):
-                print(_progress_line(state, now), flush=True)
-                last = now
+            if line is not None:
+                line.update(state, time.time())
             if code is not None:
                 break
-            time.sleep(0.2)
+            time.sleep(0.25)
+        if line is not None:
+            line.close(state, time.time())
         if top is not None:
             top.wait()
     elapsed = time.monotonic() - t0

@@ -11,8 +11,12 @@ process, does not fire again):
 * ``worker_hang:<n>`` / ``worker_exit:<n>`` - the HF worker hangs / dies after n batches.
 * ``worker_slow:<ms>`` - the HF worker rests ``ms`` milliseconds after every batch (a slow
   producer, so that a test can act while a run is surely still in progress).
+* ``worker_slow_load:<ms>`` - the HF worker rests ``ms`` milliseconds before it loads the
+  model (a 70B model's load, on a tiny model).
 * ``bad_dump:<ids|shape|nan|truncate|vanish>:<n>`` - the HF worker corrupts its n-th dump
   (``vanish``: deletes it right after writing it, as a cleanup of the dump area would).
+* ``hook_drop:<n>`` - the SGLang capture hook's writer silently drops its n-th dump (no file,
+  no failure marker), as a server dying between its answer and the write would.
 
 With the variable unset every check is a dictionary lookup that returns False.
 """
@@ -57,7 +61,7 @@ def parse(text: str) -> dict[str, Fault]:
                 raise ValueError(f"EAGLE3D_FAULT: unknown kill point in {spec!r}")
             n = int(parts[2]) if len(parts) > 2 else 1
             out[f"kill:{parts[1]}"] = Fault("kill", parts[1], n, marker)
-        elif name in ("worker_hang", "worker_exit", "worker_slow"):
+        elif name in ("worker_hang", "worker_exit", "worker_slow", "worker_slow_load", "hook_drop"):
             out[name] = Fault(name, "", int(parts[1]) if len(parts) > 1 else 1, marker)
         elif name == "bad_dump":
             if len(parts) < 2 or parts[1] not in BAD_DUMPS:

@@ -5,6 +5,9 @@ timestamp in the message only adds noise to ``journalctl``. systemd says so thro
 ``$JOURNAL_STREAM`` (``<device>:<inode>`` of the stream it connected). When that matches our
 stderr, lines carry no timestamp and start with a syslog priority prefix (``<3>``, sd-daemon(3))
 that journald turns into the entry's priority, so ``journalctl -p warning`` works.
+
+On a terminal, lines go through a Rich console (:func:`terminal_console`), so that the live
+progress line (:mod:`eagle3d.progress`) stays below them instead of being torn by them.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import logging
 import os
 import sys
 from collections.abc import Mapping
-from typing import TextIO
+from typing import Any, TextIO
 
 TERMINAL_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 JOURNAL_FORMAT = "%(name)s: %(message)s"
@@ -44,6 +47,37 @@ class JournalFormatter(logging.Formatter):
         return f"<{syslog_priority(record.levelno)}>{super().format(record)}"
 
 
+class _ConsoleHandler(logging.Handler):
+    """Writes formatted records through a Rich console (plain text: no markup, no colour)."""
+
+    def __init__(self, console: Any) -> None:
+        super().__init__()
+        self.console = console
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            from rich.text import Text
+
+            self.console.print(Text(self.format(record)), soft_wrap=True)
+        except Exception:
+            self.handleError(record)
+
+
+_console: Any = None
+
+
+def terminal_console() -> Any:
+    """The Rich console the log writes to when stderr is a terminal, else None."""
+    return _console
+
+
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
 def stream_is_journal(stream: TextIO, env: Mapping[str, str] | None = None) -> bool:
     """Whether ``stream`` is the journald stream systemd named in ``$JOURNAL_STREAM``."""
     env = os.environ if env is None else env
@@ -65,15 +99,24 @@ def setup_logging(
 
     Replaces handlers installed by an earlier call, so it is safe to call twice.
     """
+    global _console
     stream = sys.stderr if stream is None else stream
     journal = stream_is_journal(stream, env)
-    handler = logging.StreamHandler(stream)
+    _console = None
+    handler: logging.Handler
+    if not journal and _isatty(stream):
+        from rich.console import Console
+
+        _console = Console(file=stream, highlight=False, markup=False)
+        handler = _ConsoleHandler(_console)
+    else:
+        handler = logging.StreamHandler(stream)
     handler.setFormatter(JournalFormatter() if journal else logging.Formatter(TERMINAL_FORMAT))
     root = logging.getLogger()
     for h in list(root.handlers):
         if getattr(h, "_eagle3d", False):
             root.removeHandler(h)
-    handler._eagle3d = True  # type: ignore[attr-defined]
+    handler._eagle3d = True  # type: ignore[union-attr]
     root.addHandler(handler)
     root.setLevel(level)
     return journal

@@ -175,15 +175,15 @@ def format_status(view: View, phase: str | None = None) -> str:
 
     ``"saved 18,420/37,312 · 1.1 samples/s · ETA 4 h 48 m"``, with ``· N failed`` when
     samples failed for good, and the run state (or ``phase``, e.g. ``"loading model"``) in
-    front when the run is not simply running. The rate is the one-minute average, the same
-    one the ETA uses.
+    front when the run is not simply running. The rate is the one the ETA uses (since the
+    producer came up, over the ETA's window).
     """
     saved = f"saved {view.saved:,}/{view.total:,}" if view.total >= 0 else f"saved {view.saved:,}"
     parts = [saved]
     if view.state == "finished":
         parts.append("done")
     else:
-        parts.append(f"{format_rate(view.rate_1m.samples_s)} samples/s")
+        parts.append(f"{format_rate(view.rate_eta.samples_s)} samples/s")
         if view.eta_s is not None:
             parts.append(f"ETA {format_duration(view.eta_s)}")
         elif view.state == "running":

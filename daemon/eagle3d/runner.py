@@ -57,6 +57,7 @@ from .threadnames import name_threads
 from .watcher import DumpWatcher
 
 if TYPE_CHECKING:
+    from .progress import ProgressLine
     from .telemetry import Telemetry
 
 log = logging.getLogger("eagle3d")
@@ -157,6 +158,7 @@ class Daemon:
         self._pipeline_started = False
         self._finishing: asyncio.Future[None] | None = None
         self._telemetry: Telemetry | None = None  # made with the first stats record
+        self._progress: ProgressLine | None = None  # made with the first tick
         self._lock: ShardLock | None = None
 
     # -- the whole lifecycle -------------------------------------------------------------------
@@ -489,14 +491,30 @@ class Daemon:
             )
         self._notify("extend_timeout", 600_000_000)
         self._notify("status", f"starting producer {cfg.backend}")
+        # Journaled, so a monitor shows a load (and for how long) instead of a stall; the
+        # heartbeat's stats carry the workers' memory, which grows while a load progresses.
+        phase, what = _starting_words(cfg)
+        log.info("%s", what)
+        self._append(ev.RunState(state=phase, reason=what))
+        beat = asyncio.create_task(self._beat_while_starting(phase))
         try:
             await self.producer.start(_Callbacks(self))
         except Exception as e:
             raise Fatal(EXIT_PRODUCER, f"producer {cfg.backend} failed to start: {e}") from e
+        finally:
+            beat.cancel()
         self.window = cfg.concurrency or self.producer.window()
         self.last_progress = time.monotonic()
         self._notify("ready")
+        self._append(ev.RunState(state="running", reason=f"producer {cfg.backend} up"))
         log.info("producer %s up; window %d; dumps in %s", cfg.backend, self.window, self.dump_dir)
+
+    async def _beat_while_starting(self, phase: str) -> None:
+        """A stats record a second while the producer starts (the tick runs only after)."""
+        while True:
+            await asyncio.sleep(1.0)
+            self._append(self._stats(phase, producer_rss=True))
+            self._progress_tick()
 
     # -- feeding and sending -------------------------------------------------------------------
 
@@ -542,11 +560,20 @@ class Daemon:
                 self._send(self.requeue.pop(0))
                 continue
             # Failures that could not be journaled (disk full) go first once resumed.
-            item = self.unrecorded.pop(0) if self.unrecorded else await self.handoff.get()
+            if self.unrecorded:
+                item = self.unrecorded.pop(0)
+            elif self.feed_done:
+                # Nothing more to read, but a sample in flight may still come back uncounted
+                # (a pause on the dump area) and go to the requeue: keep serving it.
+                self.wake.clear()
+                await self.wake.wait()
+                continue
+            else:
+                item = await self.handoff.get()
             if item is _END:
                 self.feed_done = True
                 self._check_done()
-                return
+                continue
             if isinstance(item, BadSample):
                 # Say it in the foreground too, naming the file: the record alone is only
                 # visible to someone who already knows to look at the journal.
@@ -1011,7 +1038,7 @@ class Daemon:
 
     # -- the 1-second tick ---------------------------------------------------------------------
 
-    def _stats(self, state: str) -> ev.Stats:
+    def _stats(self, state: str, producer_rss: bool = False) -> ev.Stats:
         """One stats record: disk, GPUs, this process, and the producer's health."""
         from .telemetry import Telemetry
 
@@ -1022,6 +1049,7 @@ class Daemon:
             producer_health=self.producer.health(),
             inflight=len(self.inflight),
             orphans=self.orphans,
+            producer_rss=producer_rss,
         )
         stats.state = state
         return stats
@@ -1050,8 +1078,7 @@ class Daemon:
             self._append(self._stats(state))
             self._heartbeat(now)
             name_threads()  # the commit pool starts its threads as work comes
-            if n % 10 == 0:
-                self._log_progress()
+            self._progress_tick()
 
     def _check_timeouts(self, now: float) -> None:
         assert self.producer is not None
@@ -1081,20 +1108,13 @@ class Daemon:
         if ping and not self.producer.is_stuck(now):
             self.notifier.watchdog()
 
-    def _log_progress(self) -> None:
-        v = reducer.view(self.state, time.time())
-        eta = "?" if v.eta_s is None else f"{v.eta_s:.0f}s"
-        log.info(
-            "saved %d/%d · failed %d · in flight %d · committing %d · %.2f samples/s · %.0f tok/s · ETA %s",
-            v.saved,
-            v.total,
-            v.failed,
-            v.in_flight,
-            v.committing,
-            v.rate_1m.samples_s,
-            v.rate_1m.tokens_s,
-            eta,
-        )
+    def _progress_tick(self) -> None:
+        """The live progress line on a terminal; a log line every 10 s otherwise."""
+        if self._progress is None:
+            from .progress import ProgressLine
+
+            self._progress = ProgressLine.for_daemon()
+        self._progress.update(self.state, time.time())
 
     # -- publishing ----------------------------------------------------------------------------
 
@@ -1198,6 +1218,8 @@ class Daemon:
         self._check_done()
 
     async def _shutdown(self) -> None:
+        if self._progress is not None:
+            self._progress.close(self.state, time.time())
         if self.producer is not None:
             with contextlib.suppress(Exception):
                 await self.producer.stop()
@@ -1275,6 +1297,15 @@ class _Callbacks:
             logging.INFO if state == "up" else logging.WARNING, "producer %s: %s", state, message
         )
         self.d._append(ev.ProducerEvent(state=state, message=message))
+
+
+def _starting_words(cfg: config.JobConfig) -> tuple[str, str]:
+    """The run state while the producer starts, and what it is doing, in words."""
+    if cfg.backend == "hf":
+        return "loading", f"loading model {cfg.model} (hf, device {cfg.device})"
+    if cfg.backend == "sglang":
+        return "starting", f"connecting to the SGLang server at {cfg.server}"
+    return "starting", f"starting the {cfg.backend} producer"
 
 
 def _size(path: str) -> int:

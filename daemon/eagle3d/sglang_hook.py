@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import array
 import atexit
+import errno
 import hashlib
 import inspect
 import logging
@@ -44,7 +45,7 @@ import queue
 import re
 import sys
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -124,6 +125,49 @@ def parse_sglang_rid(srid: object) -> Tag | None:
 
 
 # --------------------------------------------------------------------------------------------
+# Failure markers: how the hook tells the client *why* a dump it answered for is missing.
+#
+# A failed write leaves ``.<rid>.<REASON>.e3fail`` in the dump directory: an empty file (it
+# needs an inode, no data block, so it can still be made on a full tmpfs) whose name carries the
+# reason, an errno name such as ENOSPC, or LOST for a request whose states never reached the
+# writer. The client (``eagle3d.producers.sglang``) turns it into a failure report naming that
+# reason and removes it. The watcher ignores hidden names, so it is never taken for a dump.
+
+FAIL_SUFFIX = ".e3fail"
+_REASON = re.compile(r"^[A-Z][A-Z0-9_]{0,31}$")
+
+
+def error_reason(e: BaseException) -> str:
+    """ENOSPC, EACCES, ... for an OSError with an errno; the exception's class name otherwise."""
+    if isinstance(e, OSError) and e.errno:
+        return errno.errorcode.get(e.errno, f"E{e.errno}")
+    return "ERROR"
+
+
+def describe_error(e: BaseException) -> str:
+    """``ENOSPC: No space left on device`` (the form the other producers report)."""
+    if isinstance(e, OSError) and e.errno:
+        return f"{error_reason(e)}: {e.strerror or e}"
+    return f"{type(e).__name__}: {e}"
+
+
+def failure_marker_name(rid: str, reason: str) -> str:
+    if not _REASON.match(reason):
+        reason = "ERROR"
+    return f".{rid}.{reason}{FAIL_SUFFIX}"
+
+
+def parse_failure_marker(name: str) -> tuple[str, str] | None:
+    """(rid, reason) of a failure marker's file name, or None for any other name."""
+    if not (name.startswith(".") and name.endswith(FAIL_SUFFIX)):
+        return None
+    rid, _, reason = name[1 : -len(FAIL_SUFFIX)].rpartition(".")
+    if not (_SAFE_RID.match(rid) and _REASON.match(reason)):
+        return None
+    return rid, reason
+
+
+# --------------------------------------------------------------------------------------------
 # The writer side: host tensors in, dump files out (runs on the background thread).
 
 
@@ -157,12 +201,21 @@ class _Partial:
 class DumpAssembler:
     """Turns segments into dumps; assembles chunked prefills; refuses partial states.
 
-    Pure apart from the ``write`` callable (``eagle3d.dump.write_dump`` by default), so it is
-    tested directly.
+    Each request is handled on its own: a failure (a full dump area, say) loses that one dump,
+    is logged with its errno and its request, and leaves a failure marker for the client; the
+    other requests of the same forward, and other requests' unfinished chunked prefills, are
+    untouched. Pure apart from the ``write`` callable (``eagle3d.dump.write_dump`` by default)
+    and the markers, so it is tested directly.
     """
 
     def __init__(
-        self, dump_dir: str, layers: list[int], *, write: Any = None, max_partials: int = 256
+        self,
+        dump_dir: str,
+        layers: list[int],
+        *,
+        write: Any = None,
+        max_partials: int = 256,
+        radix_cache: bool | None = None,
     ):
         from eagle3d.dump import write_dump
 
@@ -170,33 +223,76 @@ class DumpAssembler:
         self.layers = list(layers)
         self.write = write or write_dump
         self.max_partials = max_partials
+        # Whether the server's radix (prefix) cache is on, when known: with it off, cached
+        # tokens at the start of a request can only be an earlier chunk this writer lost.
+        self.radix_cache = radix_cache
         self.partials: OrderedDict[str, _Partial] = OrderedDict()
+        # Requests whose unfinished chunked prefill was dropped, and why (bounded).
+        self.lost: OrderedDict[str, str] = OrderedDict()
         self.written = 0
         self.refused = 0
+        self.failed = 0
 
     def feed(self, batch: Batch) -> None:
         for s in batch.segments:
             sl = slice(s.offset, s.offset + s.length)
-            self._feed_one(s, batch.ids[sl], batch.aux[sl], batch.hidden[sl])
+            try:
+                self._feed_one(s, batch.ids[sl], batch.aux[sl], batch.hidden[sl])
+            except Exception as e:  # one request's failure loses its dump, not the batch's
+                self._fail(s.tag, e)
+
+    def lose(self, batch: Batch, e: BaseException) -> None:
+        """The whole batch never reached the assembler (its device copy failed, say)."""
+        for s in batch.segments:
+            self._fail(s.tag, e)
+
+    def _key(self, tag: Tag) -> str:
+        return f"{tag.send}.{tag.rid}"
+
+    def _fail(self, tag: Tag, e: BaseException) -> None:
+        self.failed += 1
+        key = self._key(tag)
+        if self.partials.pop(key, None) is not None:
+            self._mark_lost(key, describe_error(e))
+        log.error(
+            "eagle3d: the dump of request %s (send %d) was lost: %s (in %s); the client is "
+            "told and resends it",
+            tag.rid,
+            tag.send,
+            describe_error(e),
+            self.dump_dir,
+            exc_info=not isinstance(e, OSError),
+        )
+        self._marker(tag.rid, error_reason(e))
+
+    def _marker(self, rid: str, reason: str) -> None:
+        try:
+            fd = os.open(
+                os.path.join(self.dump_dir, failure_marker_name(rid, reason)),
+                os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC,
+                0o644,
+            )
+            os.close(fd)
+        except OSError as e:  # the client still finds the dump missing after its grace
+            log.error("eagle3d: could not leave a failure marker for %s: %s", rid, e)
+
+    def _mark_lost(self, key: str, why: str) -> None:
+        self.lost[key] = why
+        while len(self.lost) > 4 * self.max_partials:
+            self.lost.popitem(last=False)
 
     def _feed_one(
         self, s: Segment, ids: torch.Tensor, aux: torch.Tensor, hid: torch.Tensor
     ) -> None:
-        key = f"{s.tag.send}.{s.tag.rid}"
+        key = self._key(s.tag)
         if s.prefix == 0:
             self.partials.pop(key, None)
+            self.lost.pop(key, None)
             part = _Partial(0)
         else:
             found = self.partials.pop(key, None)
             if found is None or found.filled != s.prefix:
-                self.refused += 1
-                log.error(
-                    "eagle3d: request %s arrived with %d tokens already cached (prefix cache "
-                    "hit, or a lost chunk): its states for those tokens were not computed, no "
-                    "dump written. Run SGLang with --disable-radix-cache.",
-                    s.tag.rid,
-                    s.prefix,
-                )
+                self._refuse_cached(s, key, found)
                 return
             part = found
         part.parts.append((ids, aux, hid))
@@ -205,9 +301,41 @@ class DumpAssembler:
             self.partials[key] = part
             while len(self.partials) > self.max_partials:
                 old, _ = self.partials.popitem(last=False)
+                self._mark_lost(old, f"more than {self.max_partials} unfinished chunked prefills")
                 log.error("eagle3d: dropped the unfinished chunked prefill of %s", old)
             return
         self._finish(s.tag, part)
+
+    def _refuse_cached(self, s: Segment, key: str, found: _Partial | None) -> None:
+        """A forward of ``s`` starting at token ``s.prefix`` whose earlier tokens we lack."""
+        self.refused += 1
+        lost = self.lost.pop(key, None)
+        if lost is not None or found is not None or self.radix_cache is False:
+            if lost is not None:
+                why = f"its earlier chunk(s) were dropped: {lost}"
+            elif found is not None:
+                why = (
+                    f"its earlier chunks cover {found.filled} tokens, this one starts at {s.prefix}"
+                )
+            else:
+                why = "its earlier chunk(s) never reached the writer (the radix cache is off)"
+            log.error(
+                "eagle3d: lost chunk of request %s (chunk at token %d of %d): %s; no dump "
+                "written, the client resends it",
+                s.tag.rid,
+                s.prefix,
+                s.tag.length,
+                why,
+            )
+            self._marker(s.tag.rid, "LOST")
+            return
+        log.error(
+            "eagle3d: request %s arrived with %d tokens already cached (a prefix cache hit): "
+            "its states for those tokens were not computed, no dump written. Run SGLang with "
+            "--disable-radix-cache.",
+            s.tag.rid,
+            s.prefix,
+        )
 
     def _finish(self, tag: Tag, part: _Partial) -> None:
         import torch
@@ -228,6 +356,11 @@ class DumpAssembler:
                 tag.digest,
             )
             return
+        from eagle3d import faults
+
+        if faults.hit("hook_drop") is not None:
+            log.warning("eagle3d: EAGLE3D_FAULT hook_drop: the dump of %s is dropped", tag.rid)
+            return
         self.write(self.dump_dir, tag.rid, ids, aux, hid, self.layers)
         self.written += 1
 
@@ -235,15 +368,27 @@ class DumpAssembler:
 class Writer:
     """One background thread draining a bounded queue of :class:`Batch` into an assembler."""
 
-    def __init__(self, assembler: DumpAssembler, max_pending: int = 4):
+    def __init__(
+        self, assembler: DumpAssembler, max_pending: int = 4, describe: Any = None
+    ) -> None:
         self.assembler = assembler
+        self.describe = describe  # () -> str: more for the closing log line
         self.queue: queue.Queue[Batch | None] = queue.Queue(maxsize=max(1, max_pending))
         self.errors = 0
         self.thread = threading.Thread(target=self._run, name="eagle3d-dump-writer", daemon=True)
         self.thread.start()
         # On a normal interpreter exit, finish what is queued (bounded) rather than lose dumps
         # of requests already answered.
-        atexit.register(self.close, 30.0)
+        atexit.register(self._close_at_exit)
+
+    def _close_at_exit(self) -> None:
+        # A logging stream closed before us (a test runner's capture) must not print a
+        # "Logging error" traceback for the closing line.
+        raising, logging.raiseExceptions = logging.raiseExceptions, False
+        try:
+            self.close(30.0)
+        finally:
+            logging.raiseExceptions = raising
 
     def put(self, batch: Batch) -> None:
         self.queue.put(batch)  # blocks only when max_pending batches are waiting: back-pressure
@@ -253,8 +398,17 @@ class Writer:
             try:
                 self.queue.put(None, timeout=timeout)
             except queue.Full:  # a writer stuck on a dead disk: give up, do not hang the exit
+                log.error("eagle3d: dump writer stuck for %s s at exit; queued dumps lost", timeout)
                 return
             self.thread.join(timeout)
+            a = self.assembler
+            log.info(
+                "eagle3d: dump writer finished: %d written, %d lost, %d refused%s",
+                a.written,
+                a.failed,
+                a.refused,
+                f"; {self.describe()}" if self.describe else "",
+            )
 
     def drain(self) -> None:
         """Wait until everything queued so far is written (tests, shutdown)."""
@@ -269,12 +423,17 @@ class Writer:
             try:
                 if batch is None:
                     return
-                if batch.ready is not None:
-                    batch.ready.synchronize()
-                self.assembler.feed(batch)
-            except Exception:  # a failed write loses that dump, not the server
+                try:
+                    if batch.ready is not None:
+                        batch.ready.synchronize()
+                except Exception as e:  # the device copy failed: every dump of the batch
+                    self.errors += 1
+                    self.assembler.lose(batch, e)
+                    continue
+                self.assembler.feed(batch)  # isolates each request's write itself
+            except Exception:  # a bug in the assembler: lose this batch, never the server
                 self.errors += 1
-                log.exception("eagle3d: writing a dump failed")
+                log.exception("eagle3d: writing the dumps of a forward failed")
             finally:
                 self.queue.task_done()
 
@@ -312,6 +471,79 @@ def _prefill_graph_backend() -> str | None:
         return None
 
 
+def _radix_cache_on() -> bool | None:
+    """Whether this server's radix (prefix) cache is on, or None when not published."""
+    try:
+        from sglang.srt.runtime_context import get_memory
+
+        return not bool(get_memory().disable_radix_cache)
+    except (ImportError, ValueError, RuntimeError, AttributeError):
+        return None
+
+
+#: The hooks API the hook is written for (sglang 0.5.21, unchanged in 0.5.22 and 0.5.23).
+HOOKS_API = (
+    "register_forward_hooks(model, hook_specs) calling hook_factory(config) and "
+    "module.register_forward_hook(hook) (post-forward hooks, no kwargs), with the locals "
+    "model, name_to_module and spec"
+)
+#: Names whose appearance in register_forward_hooks means a newer hooks API (pre-hooks,
+#: kwargs hooks) that calls hooks differently.
+_NEWER_HOOKS_API = ("hook_type", "with_kwargs", "forward_pre", "register_forward_pre_hook")
+
+
+def _sglang_version() -> str:
+    try:
+        import sglang
+
+        return str(getattr(sglang, "__version__", "?"))
+    except ImportError:
+        return "?"
+
+
+def hooks_api_problem(register: Any) -> str | None:
+    """What in SGLang's ``register_forward_hooks`` differs from :data:`HOOKS_API`, or None.
+
+    Read from its code object: its parameters, the locals the hook reads from its frame, the
+    method it registers with, and no trace of a newer API's hook types.
+    """
+    code = getattr(register, "__code__", None)
+    if code is None:
+        return "is not a Python function"
+    params = code.co_varnames[: code.co_argcount]
+    if tuple(params) != ("model", "hook_specs"):
+        return f"takes {params}, not (model, hook_specs)"
+    missing = [n for n in ("model", "name_to_module", "spec") if n not in code.co_varnames]
+    if missing:
+        return f"has no local {missing[0]!r} (the hook reads the model being hooked from it)"
+    seen: set[str] = set()
+    todo = [code]
+    while todo:
+        c = todo.pop()
+        seen.update(c.co_names)
+        seen.update(x for x in c.co_consts if isinstance(x, str))
+        todo.extend(x for x in c.co_consts if hasattr(x, "co_names"))
+    newer = [n for n in _NEWER_HOOKS_API if n in seen]
+    if newer:
+        return f"uses {newer} (a newer hooks API)"
+    if "register_forward_hook" not in seen:
+        return "does not call module.register_forward_hook"
+    return None
+
+
+def _check_hooks_api() -> None:
+    try:
+        from sglang.srt.model_executor.hook_manager import register_forward_hooks
+    except ImportError:
+        return  # not inside SGLang (tests drive the hook with a stand-in)
+    problem = hooks_api_problem(register_forward_hooks)
+    if problem:
+        raise HookLoadError(
+            f"eagle3d hook: sglang {_sglang_version()}'s register_forward_hooks {problem}; "
+            f"the hook expects {HOOKS_API} (sglang 0.5.21 to 0.5.23)"
+        )
+
+
 def _registration_context() -> tuple[Any, dict[str, Any], list[str]] | None:
     """(model, name_to_module, target patterns) from SGLang's ``register_forward_hooks`` frame.
 
@@ -345,7 +577,8 @@ def _check_forward_batch_class() -> None:
     if missing:
         raise HookLoadError(
             f"eagle3d hook: sglang ForwardBatch lacks fields {missing}; expected "
-            f"{list(FORWARD_BATCH_FIELDS)} (checked against sglang 0.5.21)"
+            f"{list(FORWARD_BATCH_FIELDS)} (sglang {_sglang_version()}; checked against 0.5.21 "
+            "to 0.5.23)"
         )
 
 
@@ -406,9 +639,19 @@ class Capture:
         self.inner = inner
         self.name = name
         self.writes = rank.tp_rank == 0
-        self.assembler = DumpAssembler(dump_dir, layers)
-        self.writer = Writer(self.assembler, max_pending) if self.writes else None
+        self.assembler = DumpAssembler(dump_dir, layers, radix_cache=_radix_cache_on())
+        self.modes: Counter[str] = Counter()  # captured forwards by mode
+        self.writer = Writer(self.assembler, max_pending, self._describe) if self.writes else None
         self.forwards = 0
+        self.most_requests = 0  # of ours in one forward
+        self.chunk_beside_new = 0  # forwards packing a continued chunk with a new request
+
+    def _describe(self) -> str:
+        modes = ", ".join(f"{m} {n}" for m, n in sorted(self.modes.items())) or "none"
+        return (
+            f"forwards {modes}; at most {self.most_requests} of our requests in one, "
+            f"{self.chunk_beside_new} with a continued chunk beside a new request"
+        )
 
     def __call__(self, module: Any, args: tuple[Any, ...], output: Any) -> None:
         if module is not self.inner:
@@ -442,10 +685,14 @@ class Capture:
                 f"{tuple(aux.shape)}, expected [N, {len(self.captured)} * {hidden.shape[-1]}]"
             )
         self.forwards += 1
+        self.modes[mode] += 1
         if self.writer is None:
             return None
         segments = self._segments(fb)
         if segments:
+            self.most_requests = max(self.most_requests, len(segments))
+            starts = {p == 0 for _, p, _, _ in segments}
+            self.chunk_beside_new += starts == {True, False}
             self.writer.put(self._to_host(fb, hidden, aux, segments))
         return None
 
@@ -468,7 +715,10 @@ class Capture:
         out = []
         start = 0
         for tag, n, p in zip(tags, lens, prefixes, strict=True):
-            if tag is not None:
+            # A segment starting at or past the prompt's end is one of our requests decoding
+            # (a MIXED forward, with the overlap scheduler even after its one token): its
+            # prompt's states are already captured.
+            if tag is not None and int(p) < tag.length:
                 out.append((tag, int(p), start, int(n)))
             start += int(n)  # tokens are laid out request after request
         return out
@@ -491,18 +741,25 @@ class Capture:
         )
         aux_t = torch.cat([parts[k] for k in self.order], dim=-1)
         picked = [fb.input_ids[rows], aux_t[rows], hidden[rows]]
+        # Which of them are views of the model's own storage, which it may reuse after the
+        # hook returns: a slice of ids or hidden. Indexing with a tensor, and the cat of the
+        # aux states, made new tensors already (on CPU, a second copy would be wasted).
+        borrowed = [contiguous, False, contiguous]
         if self.store is not None:  # before the copy: half the bytes over PCIe and in the dump
             from eagle3d.storedtype import cast
 
-            picked[1:] = [cast(t, self.store) for t in picked[1:]]
+            for k in (1, 2):
+                stored = cast(picked[k], self.store)
+                borrowed[k] = borrowed[k] and stored is picked[k]  # a cast made a new tensor
+                picked[k] = stored
         cuda = hidden.is_cuda
         host = []
-        for t in picked:
+        for t, view in zip(picked, borrowed, strict=True):
             if cuda:
                 h = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
                 h.copy_(t, non_blocking=True)
             else:
-                h = t.clone()  # the model may reuse the storage after the hook returns
+                h = t.clone() if view else t
             host.append(h)
         ready = None
         if cuda:
@@ -540,11 +797,13 @@ def make_hook(config: dict[str, Any], *, model: Any = None, ranks: Ranks | None 
     patterns: list[str] = []
     names: dict[str, Any] = {}
     if model is None:
+        _check_hooks_api()
         ctx = _registration_context()
         if ctx is None:
             raise HookLoadError(
-                "eagle3d hook: make_hook must be called by SGLang's register_forward_hooks "
-                "(sglang/srt/model_executor/hook_manager.py, 0.5.21) or given model="
+                f"eagle3d hook: make_hook must be called by SGLang's register_forward_hooks "
+                f"(sglang/srt/model_executor/hook_manager.py; this is sglang "
+                f"{_sglang_version()}, the hook expects {HOOKS_API}) or given model="
             )
         model, names, patterns = ctx
     rank = ranks or _sglang_ranks()

@@ -5,6 +5,11 @@
 GPU health per device via NVML, disk usage of the output filesystem and of the dump area,
 the daemon's own CPU% and RSS, and the producer health the daemon passes in.
 
+GPU health beyond utilisation: uncorrected and corrected ECC counts (volatile) and the
+board's lifetime uncorrected count, clock throttle reasons, power draw against the enforced
+limit, and critical XID events (an NVML event set per device, drained without waiting at
+every sample: their count since the daemon started, the newest code and when it was seen).
+
 Every probe sits behind :class:`Probes` (the narrow I/O seam); :class:`SystemProbes` is the
 real one. Without a GPU, or without ``pynvml`` installed, the GPU list is empty and
 ``gpu_note`` says why; that is never an error. ``nvmlShutdown`` is only called after a
@@ -15,6 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from eagle3proto import events as ev
@@ -47,6 +54,10 @@ class Probes(Protocol):
         """This process's CPU percent since the last call, and its RSS in bytes."""
         ...
 
+    def children_rss(self) -> int:
+        """RSS of this process's children (the producer's workers), in bytes."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -55,13 +66,23 @@ def throttle_names(mask: int) -> list[str]:
     return [name for bit, name in _THROTTLE_BITS.items() if mask & bit]
 
 
-class NvmlGpus:
-    """Reads GPUs through ``pynvml``; initialised once, lazily, never retried after failing."""
+#: NVML's event type bit for critical XID errors (nvml.h nvmlEventTypeXidCriticalError).
+XID_EVENT = 0x0000000000000008
 
-    def __init__(self, nvml: Any | None = None) -> None:
+
+class NvmlGpus:
+    """Reads GPUs through ``pynvml``; initialised once, lazily, never retried after failing.
+
+    ``clock`` gives the wall time an XID event is stamped with (it is seen at the next read).
+    """
+
+    def __init__(self, nvml: Any | None = None, clock: Callable[[], float] = time.time) -> None:
         self._nvml: Any = nvml
         self._ok: bool | None = None
         self.note = ""
+        self.clock = clock
+        self._xid_sets: dict[int, Any] = {}  # device index -> its event set (None: unsupported)
+        self._xids: dict[int, tuple[int, int, float]] = {}  # index -> (count, last code, ts)
 
     def _init(self) -> bool:
         if self._ok is not None:
@@ -95,8 +116,30 @@ class NvmlGpus:
             return [], "no GPU devices"
         return [self._device(nvml, i) for i in range(count)], ""
 
-    @staticmethod
-    def _device(nvml: Any, i: int) -> ev.GpuInfo:
+    def _drain_xids(self, nvml: Any, i: int, h: Any) -> None:
+        """Count the XID events waiting in device ``i``'s event set (registered on first use)."""
+        if i not in self._xid_sets:
+            self._xid_sets[i] = None
+            try:
+                if nvml.nvmlDeviceGetSupportedEventTypes(h) & XID_EVENT:
+                    es = nvml.nvmlEventSetCreate()
+                    nvml.nvmlDeviceRegisterEvents(h, XID_EVENT, es)
+                    self._xid_sets[i] = es
+            except Exception:  # not supported on this board or driver: no XID counts
+                pass
+        es = self._xid_sets[i]
+        if es is None:
+            return
+        for _ in range(64):  # bounded: a storm of events must not hold up the stats record
+            try:
+                data = nvml.nvmlEventSetWait_v2(es, 0)
+            except Exception:  # NVML_ERROR_TIMEOUT: nothing (more) waiting
+                return
+            if int(data.eventType) & XID_EVENT:
+                n, _, _ = self._xids.get(i, (0, 0, 0.0))
+                self._xids[i] = (n + 1, int(data.eventData), self.clock())
+
+    def _device(self, nvml: Any, i: int) -> ev.GpuInfo:
         info = ev.GpuInfo(index=i)
         try:
             h = nvml.nvmlDeviceGetHandleByIndex(i)
@@ -130,23 +173,40 @@ class NvmlGpus:
         power = q("nvmlDeviceGetPowerUsage")
         if power is not None:
             info.power_w = float(power) / 1000.0  # NVML reports milliwatts
-        ecc = q(
-            "nvmlDeviceGetTotalEccErrors",
-            getattr(nvml, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1),
-            getattr(nvml, "NVML_VOLATILE_ECC", 0),
-        )
+        limit = q("nvmlDeviceGetEnforcedPowerLimit")
+        if limit is not None:
+            info.power_limit_w = float(limit) / 1000.0
+        uncorrected = getattr(nvml, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1)
+        corrected = getattr(nvml, "NVML_MEMORY_ERROR_TYPE_CORRECTED", 0)
+        volatile = getattr(nvml, "NVML_VOLATILE_ECC", 0)
+        aggregate = getattr(nvml, "NVML_AGGREGATE_ECC", 1)
+        ecc = q("nvmlDeviceGetTotalEccErrors", uncorrected, volatile)
         if ecc is not None:
             info.ecc_errors = int(ecc)
+        ecc = q("nvmlDeviceGetTotalEccErrors", corrected, volatile)
+        if ecc is not None:
+            info.ecc_corrected = int(ecc)
+        ecc = q("nvmlDeviceGetTotalEccErrors", uncorrected, aggregate)
+        if ecc is not None:
+            info.ecc_uncorrected_total = int(ecc)
         mask = q("nvmlDeviceGetCurrentClocksEventReasons")
         if mask is None:
             mask = q("nvmlDeviceGetCurrentClocksThrottleReasons")
         if mask is not None:
             info.throttle = throttle_names(int(mask))
+        self._drain_xids(nvml, i, h)
+        if i in self._xids:
+            info.xid_errors, info.last_xid, info.last_xid_ts = self._xids[i]
         return info
 
     def close(self) -> None:
         if self._ok:
             self._ok = None
+            for es in self._xid_sets.values():
+                if es is not None:
+                    with contextlib.suppress(Exception):
+                        self._nvml.nvmlEventSetFree(es)
+            self._xid_sets.clear()
             with contextlib.suppress(Exception):
                 self._nvml.nvmlShutdown()
 
@@ -194,6 +254,16 @@ class SystemProbes:
         except Exception:
             return 0.0, 0
 
+    def children_rss(self) -> int:
+        if self._proc is None:
+            return 0
+        total = 0
+        with contextlib.suppress(Exception):
+            for child in self._proc.children(recursive=True):
+                with contextlib.suppress(Exception):  # it may be gone meanwhile
+                    total += int(child.memory_info().rss)
+        return total
+
     def close(self) -> None:
         self._gpus.close()
 
@@ -222,8 +292,13 @@ class Telemetry:
         inflight: int = 0,
         orphans: int = 0,
         state: str = "running",
+        producer_rss: bool = False,
     ) -> ev.Stats:
-        """One ``stats`` record (``seq``/``ts``/``run`` are stamped by the journal)."""
+        """One ``stats`` record (``seq``/``ts``/``run`` are stamped by the journal).
+
+        ``producer_rss`` adds the memory of the daemon's child processes (asked for while the
+        producer starts: a model load that makes progress grows it).
+        """
         disks = []
         out = self.probes.disk("output", self.output_dir)
         if out is not None:
@@ -244,6 +319,7 @@ class Telemetry:
             rss_bytes=rss,
             inflight=inflight,
             orphans=orphans,
+            producer_rss_bytes=self.probes.children_rss() if producer_rss else 0,
         )
 
     def close(self) -> None:

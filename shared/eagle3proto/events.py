@@ -134,6 +134,15 @@ class DiskUsage(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 
 class GpuInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One device's health as NVML reports it (a field NVML cannot read stays at its default).
+
+    ``ecc_errors`` counts uncorrected errors since the driver loaded (volatile),
+    ``ecc_corrected`` corrected ones (volatile), ``ecc_uncorrected_total`` uncorrected ones
+    over the board's life (aggregate). ``xid_errors`` counts the critical XID events seen
+    since the daemon started, ``last_xid`` is the newest one's code and ``last_xid_ts`` when
+    the daemon saw it (wall time).
+    """
+
     index: int
     name: str = ""
     util_percent: float = 0.0
@@ -143,6 +152,12 @@ class GpuInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
     power_w: float = 0.0
     ecc_errors: int = 0
     throttle: list[str] = []
+    power_limit_w: float = 0.0
+    ecc_corrected: int = 0
+    ecc_uncorrected_total: int = 0
+    xid_errors: int = 0
+    last_xid: int = 0
+    last_xid_ts: float = 0.0
 
 
 class ProducerHealth(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -165,18 +180,34 @@ class Stats(Event, tag="stats"):
     rss_bytes: int = 0
     inflight: int = 0
     orphans: int = 0
+    #: RSS of the daemon's child processes (the HF workers), sent while the producer starts:
+    #: memory that still grows is a model load making progress.
+    producer_rss_bytes: int = 0
+
+
+#: The states a :class:`RunState` record names. ``starting`` and ``loading`` come before the
+#: producer is up (``reason`` says what is being started or loaded); ``running`` follows it.
+RUN_STATES = ("starting", "loading", "running", "paused", "draining")
 
 
 class RunState(Event, tag="run_state"):
-    """The pipeline changed state (e.g. paused on a full disk, draining, resumed)."""
+    """The pipeline changed state: one of :data:`RUN_STATES` (e.g. loading the model, paused on
+    a full disk, draining, resumed)."""
 
     durable: ClassVar[bool] = True
     state: str
     reason: str = ""
 
 
+#: The states a :class:`ProducerEvent` names. ``waiting``: the daemon is waiting for a
+#: producer that is not up yet at start (an SGLang server still loading), the message says
+#: where and for how long (``waiting for SGLang at URL (N s)``).
+PRODUCER_STATES = ("up", "down", "restarting", "waiting")
+
+
 class ProducerEvent(Event, tag="producer"):
-    """The producer went up, down, or was restarted."""
+    """The producer went up or down, is being restarted, or is being waited for
+    (:data:`PRODUCER_STATES`); ``message`` gives the reason (the URL, the last error)."""
 
     state: str
     message: str = ""

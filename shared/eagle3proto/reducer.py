@@ -14,7 +14,13 @@ Counters (distinct samples, never requests):
   between the columns are exactly what is in flight and what is committing.
 
 ``requests`` counts every attempt sent (retries included): that is what a server's own
-request counter sees, and why it runs ahead of ``saved``.
+request counter sees, and why it runs ahead of ``saved``; ``dumps`` counts every dump that
+arrived for one of them. Both only grow, which is what a Prometheus counter needs.
+
+A session is ``starting`` from its ``run_started`` (and ``loading`` while the producer loads
+its model) until the producer is up (``run_state running``, or for journals written before
+that record existed, the first ``sample_sent``): ``up_ts``. Rates, the ETA and the stall rules
+count from ``up_ts``, so a long model load neither dilutes the rate nor looks like a stall.
 """
 
 from __future__ import annotations
@@ -29,6 +35,12 @@ from . import events as ev
 HISTORY_SECONDS = 900
 MAX_ERRORS = 50
 SENT, DUMPED = 1, 2
+#: The producer's memory must grow by this much between two stats records to count as a
+#: model load making progress.
+LOAD_STEP_BYTES = 16 << 20
+#: The ETA's rate window: everything since the producer came up, at most a minute, for its
+#: first ten minutes (so the ETA settles fast); five minutes after that (so it holds still).
+ETA_WINDOW_EARLY_S, ETA_WINDOW_LATE_S, ETA_EARLY_FOR_S = 60.0, 300.0, 600.0
 
 
 class Bucket(msgspec.Struct, array_like=True):
@@ -57,8 +69,11 @@ class ShardState(msgspec.Struct, kw_only=True):
     job: ev.JobInfo | None = None
     total: int = -1
     session: int = 0
-    state: str = "empty"  # empty | running | paused | draining | finished | stopped
+    # empty | starting | loading | running | paused | draining | finished | stopped
+    state: str = "empty"
     state_reason: str = ""
+    state_since: float = 0.0  # ts of the record that set ``state``
+    up_ts: float = 0.0  # when this session's producer came up (0: not yet)
     saved: int = 0
     failed: int = 0
     in_flight: int = 0
@@ -75,7 +90,12 @@ class ShardState(msgspec.Struct, kw_only=True):
     history: list[Bucket] = []
     errors: list[ErrorInfo] = []
     stats: ev.Stats | None = None
-    producer: str = ""
+    producer: str = ""  # the last producer event's state: up | down | restarting | waiting
+    producer_message: str = ""
+    producer_since: float = 0.0  # ts the producer entered ``producer``
+    dumps: int = 0
+    load_rss: int = 0  # the producer's memory at the last sign of load progress
+    load_progress_ts: float = 0.0  # ts of that sign (0: none this session)
     recovered: list[str] = []
     unknown_kinds: int = 0
     first_ts: float = 0.0
@@ -134,15 +154,25 @@ def _set_stage(s: ShardState, idx: int, new: int, ts: float) -> None:
     s.changed["sent"] = ts
 
 
+def _set_state(s: ShardState, state: str, reason: str, ts: float) -> None:
+    if state != s.state:
+        s.state_since = ts
+    s.state = state
+    s.state_reason = reason
+
+
 def _run_started(s: ShardState, e: ev.RunStarted) -> None:
-    # A new session: whatever the last one had in flight is pending again.
+    # A new session: whatever the last one had in flight is pending again, and the last
+    # session's producer is gone with it.
     s.stage.clear()
     s.in_flight = s.committing = 0
     s.job = e.job
     s.total = e.total
     s.session = e.session
-    s.state = "running"
-    s.state_reason = ""
+    s.state, s.state_reason, s.state_since = "starting", "", e.ts
+    s.up_ts = 0.0
+    s.producer, s.producer_message, s.producer_since = "", "", e.ts
+    s.load_rss, s.load_progress_ts = 0, 0.0
     s.stop_code = 0
     s.finish_code = 0
     s.skipped = e.skipped
@@ -150,7 +180,15 @@ def _run_started(s: ShardState, e: ev.RunStarted) -> None:
     s.changed["sent"] = e.ts
 
 
+def _came_up(s: ShardState, ts: float) -> None:
+    s.up_ts = ts
+    if s.state in ("empty", "starting", "loading"):
+        _set_state(s, "running", "", ts)
+
+
 def _sent(s: ShardState, e: ev.SampleSent) -> None:
+    if not s.up_ts:  # a journal from before the run_state running record: the first send
+        _came_up(s, e.ts)
     s.requests += 1
     if e.attempt > 1:
         s.retries += 1
@@ -159,11 +197,14 @@ def _sent(s: ShardState, e: ev.SampleSent) -> None:
 
 def _dumped(s: ShardState, e: ev.SampleDumped) -> None:
     if e.idx in s.stage:
+        s.dumps += 1
         _set_stage(s, e.idx, DUMPED, e.ts)
         s.changed["dumped"] = e.ts
 
 
 def _saved(s: ShardState, e: ev.SampleSaved) -> None:
+    if not s.up_ts:  # (as in _sent: a save proves the producer was up)
+        _came_up(s, e.ts)
     _set_stage(s, e.idx, 0, e.ts)
     if s.failed_idx.pop(e.idx, None) is not None:
         s.failed -= 1
@@ -227,15 +268,22 @@ def _failed(s: ShardState, e: ev.SampleFailed) -> None:
 def _stats(s: ShardState, e: ev.Stats) -> None:
     s.stats = e
     s.orphans = max(s.orphans, e.orphans)
+    if s.state in ("starting", "loading") and e.producer_rss_bytes > s.load_rss + LOAD_STEP_BYTES:
+        s.load_rss = e.producer_rss_bytes
+        s.load_progress_ts = e.ts
 
 
 def _run_state(s: ShardState, e: ev.RunState) -> None:
-    s.state = e.state
-    s.state_reason = e.reason
+    if e.state == "running" and not s.up_ts:
+        s.up_ts = e.ts
+    _set_state(s, e.state, e.reason, e.ts)
 
 
 def _producer(s: ShardState, e: ev.ProducerEvent) -> None:
+    if e.state != s.producer:
+        s.producer_since = e.ts
     s.producer = e.state
+    s.producer_message = e.message
 
 
 def _orphan(s: ShardState, e: ev.DumpOrphan) -> None:
@@ -245,16 +293,14 @@ def _orphan(s: ShardState, e: ev.DumpOrphan) -> None:
 def _stopped(s: ShardState, e: ev.RunStopped) -> None:
     s.stage.clear()
     s.in_flight = s.committing = 0
-    s.state = "stopped"
-    s.state_reason = e.reason
+    _set_state(s, "stopped", e.reason, e.ts)
     s.stop_code = e.exit_code
 
 
 def _finished(s: ShardState, e: ev.RunFinished) -> None:
     s.stage.clear()
     s.in_flight = s.committing = 0
-    s.state = "finished"
-    s.state_reason = ""
+    _set_state(s, "finished", "", e.ts)
     s.finish_code = e.exit_code
 
 
@@ -324,6 +370,11 @@ def eta_seconds(remaining: int, rate: float) -> float | None:
     return remaining / rate
 
 
+def eta_window(up_for: float) -> float:
+    """The ETA's rate window after the producer has been up ``up_for`` seconds."""
+    return ETA_WINDOW_EARLY_S if up_for < ETA_EARLY_FOR_S else ETA_WINDOW_LATE_S
+
+
 def sparkline(history: list[Bucket], now: float, seconds: int, field: str = "samples") -> list[int]:
     """Per-second values for the last ``seconds`` seconds (oldest first), zeros where idle."""
     end = int(now)
@@ -338,7 +389,14 @@ def sparkline(history: list[Bucket], now: float, seconds: int, field: str = "sam
 
 
 class View(msgspec.Struct, kw_only=True):
-    """What a monitor shows for one shard (or the sum of several)."""
+    """What a monitor shows for one shard (or the sum of several).
+
+    ``percent`` is saved over total: a failed sample is done but is not progress.
+    ``eta_s`` comes from ``rate_eta`` (since the producer came up, over ``eta_window_s``);
+    ``eta_frozen`` says why the ETA is frozen (``paused``, ``stopped``, ``stopping``,
+    ``producer down``, ``daemon down``): it is then the ETA when work stopped, and does not
+    count down.
+    """
 
     label: str = ""
     state: str = "empty"
@@ -353,27 +411,62 @@ class View(msgspec.Struct, kw_only=True):
     remaining: int = 0
     requests: int = 0
     retries: int = 0
+    dumps: int = 0
     orphans: int = 0
     bytes_saved: int = 0
     tokens_saved: int = 0
     percent: float = 0.0
     rate: Rates = msgspec.field(default_factory=Rates)
     rate_1m: Rates = msgspec.field(default_factory=Rates)
+    rate_eta: Rates = msgspec.field(default_factory=Rates)
+    eta_window_s: float = 0.0
     eta_s: float | None = None
+    eta_frozen: str = ""
+    up_s: float | None = None  # how long this session's producer has been up
     age_s: float | None = None  # age of the newest record
     ages: dict[str, float] = {}  # age of the newest record of each kind
     changed_ago: dict[str, float] = {}  # age of the last change of sent/dumped/saved/failed
 
 
-def view(s: ShardState, now: float, label: str = "", window: float = 60.0) -> View:
-    """The numbers to show for one shard at time ``now``."""
+def frozen_at(s: ShardState) -> tuple[float, str] | None:
+    """When and why the work of ``s`` stopped (so its ETA no longer counts down), or None."""
+    if s.state == "paused":
+        return s.state_since, "paused"
+    if s.state == "stopped":
+        return s.state_since, "stopped"
+    if s.state == "draining":
+        return s.state_since, "stopping"
+    if s.state == "running" and s.producer in ("down", "waiting"):
+        return s.producer_since, f"producer {s.producer}"
+    return None
+
+
+def view(
+    s: ShardState,
+    now: float,
+    label: str = "",
+    window: float = 60.0,
+    frozen: tuple[float, str] | None = None,
+) -> View:
+    """The numbers to show for one shard at time ``now``.
+
+    ``frozen`` (when, why) freezes the ETA for a reason the journal cannot know (the daemon
+    is gone); the journal's own reasons (:func:`frozen_at`) come first.
+    """
     dumped = s.saved + s.committing
     sent = dumped + s.in_flight
     total = s.total
     remaining = max(total - s.saved - s.failed, 0) if total >= 0 else 0
-    since = s.session_start_ts if s.state not in ("finished", "stopped") else 0.0
+    finished = s.state == "finished"
+    # Rates count from the producer's start: the model load is not time the run was slow.
+    since = 0.0 if finished else (s.up_ts or s.session_start_ts)
     r = rates(s.history, now, window, since)
     r10 = rates(s.history, now, 10.0, since)
+    stop = None if finished else (frozen_at(s) or frozen)
+    at = now if stop is None else min(max(stop[0], since), now)
+    up_for = at - s.up_ts if s.up_ts else 0.0
+    ew = eta_window(up_for)
+    re_ = rates(s.history, at, ew, since)
     newest = max(s.last_ts.values()) if s.last_ts else None
     # Saved of total: a failed sample is not done work ("saved 0 / 218 (0 %), 218 failed").
     pct = 100.0 * s.saved / total if total > 0 else (100.0 if total == 0 else 0.0)
@@ -391,13 +484,18 @@ def view(s: ShardState, now: float, label: str = "", window: float = 60.0) -> Vi
         remaining=remaining,
         requests=s.requests,
         retries=s.retries,
+        dumps=s.dumps,
         orphans=s.orphans,
         bytes_saved=s.bytes_saved,
         tokens_saved=s.tokens_saved,
         percent=pct,
         rate=r10,
         rate_1m=r,
-        eta_s=eta_seconds(remaining, r.samples_s) if s.state != "finished" else 0.0,
+        rate_eta=re_,
+        eta_window_s=ew,
+        eta_s=0.0 if finished else eta_seconds(remaining, re_.samples_s),
+        eta_frozen="" if stop is None or remaining == 0 else stop[1],
+        up_s=max(now - s.up_ts, 0.0) if s.up_ts and not finished else None,
         age_s=None if newest is None else max(now - newest, 0.0),
         ages={k: max(now - t, 0.0) for k, t in s.last_ts.items()},
         changed_ago={k: max(now - t, 0.0) for k, t in s.changed.items()},
@@ -405,7 +503,11 @@ def view(s: ShardState, now: float, label: str = "", window: float = 60.0) -> Vi
 
 
 def combine(views: list[View], now_label: str = "total") -> View:
-    """Sum several shards' views into one row (rates add, ETA from the summed rate)."""
+    """Sum several shards' views into one row.
+
+    Rates add. Shards run side by side, so the job's ETA is the latest shard's (unknown if
+    any shard with work left has none), frozen when any shard with work left is frozen.
+    """
     if not views:
         return View(label=now_label)
     total = -1 if any(v.total < 0 for v in views) else sum(v.total for v in views)
@@ -420,6 +522,7 @@ def combine(views: list[View], now_label: str = "total") -> View:
         "remaining",
         "requests",
         "retries",
+        "dumps",
         "orphans",
         "bytes_saved",
         "tokens_saved",
@@ -427,17 +530,33 @@ def combine(views: list[View], now_label: str = "total") -> View:
         setattr(out, f, sum(getattr(v, f) for v in views))
     out.rate = _sum_rates(v.rate for v in views)
     out.rate_1m = _sum_rates(v.rate_1m for v in views)
+    out.rate_eta = _sum_rates(v.rate_eta for v in views)
     out.percent = 100.0 * out.saved / total if total > 0 else 0.0
     states = {v.state for v in views}
     out.state = next(
         (
             st
-            for st in ("paused", "running", "draining", "stopped", "finished", "empty")
+            for st in (
+                "paused",
+                "loading",
+                "starting",
+                "running",
+                "draining",
+                "stopped",
+                "finished",
+                "empty",
+            )
             if st in states
         ),
         "empty",
     )
-    out.eta_s = 0.0 if out.remaining == 0 else eta_seconds(out.remaining, out.rate_1m.samples_s)
+    busy = [v for v in views if v.remaining > 0]
+    etas = [v.eta_s for v in busy]
+    out.eta_s = 0.0 if not busy else (None if None in etas else max(e or 0.0 for e in etas))
+    out.eta_frozen = next((v.eta_frozen for v in busy if v.eta_frozen), "")
+    out.eta_window_s = max((v.eta_window_s for v in views), default=0.0)
+    ups = [v.up_s for v in views if v.up_s is not None]
+    out.up_s = max(ups) if ups else None
     ages = [v.age_s for v in views if v.age_s is not None]
     out.age_s = min(ages) if ages else None
     return out

@@ -1,8 +1,15 @@
-"""The Textual app: one screen that tells the truth at a glance.
+"""The Textual app: one screen that states the verdict, then the numbers behind it.
 
 Widgets only place text; what they say comes from :mod:`eagle3top.panels` (pure) given the
-rows the feeds maintain and ``now`` from the injected clock. Redraws happen on a fixed
-interval (not per record) and a panel is only updated when its text changed.
+rows the feeds maintain, the verdict (the same :class:`~eagle3top.report.Report` that
+``--once`` computes) and ``now`` from the injected clock. Redraws happen on a fixed interval
+(not per record) and a panel is only updated when its text changed.
+
+Layout: the header (state and level), the reason, the connection and the Pipeline panel
+(the three counters, progress, ETA) always stay on screen; the rest (shards, throughput,
+disk, producer, GPU, history, errors) sits below them and scrolls when the terminal is short
+(80x24). Below 110 columns the panels stack; from 36 lines a 15-minute history chart shows
+and the errors panel takes what is left.
 """
 
 from __future__ import annotations
@@ -15,14 +22,14 @@ from collections.abc import Callable
 from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding
-from textual.containers import Grid
+from textual.containers import Grid, VerticalScroll
 from textual.css.query import NoMatches
 from textual.screen import ModalScreen
 from textual.timer import Timer
 from textual.widgets import Footer, Static
 
-from . import panels
-from .feeds import Feed
+from . import hostpanels, panels
+from .feeds import Feed, ShardWatch
 from .model import Row
 
 HELP = """\
@@ -31,8 +38,11 @@ journal file itself, or an ssh relay) and is shown with its age.
 
   q   quit
   ?   this help
-  p   pause the display (data keeps being collected; PAUSED shows in the header)
+  p   freeze the screen (data is still collected; the header says SCREEN FROZEN)
   r   reconnect now (skip the back-off)
+
+Header: the verdict `eagle3-top --once` gives (state, level, reason), coloured by
+level: green OK, yellow WARNING, red CRITICAL, magenta UNKNOWN.
 
 Connection line:
   live                  the socket answered and spoke within the last 5 s
@@ -42,26 +52,29 @@ Connection line:
   disconnected, retrying in N s   nothing to read right now
 
 Pipeline: sent -> dumped -> saved. in flight = sent - dumped, committing =
-dumped - saved, each with the age of its last change. failed = given up for good.
+dumped - saved, each with the age of its last change. failed = given up for good
+(its own count: never progress). The ETA uses the rate since the producer came up
+and freezes (saying why) while the work is paused or stopped.
 
 press any key to close"""
 
+#: (widget id, border title); the pipeline is fixed at the top, the rest in #body.
 PANELS = (
-    ("pipeline", "Pipeline"),
-    ("eta", "ETA"),
     ("throughput", "Throughput"),
     ("disk", "Disk"),
     ("producer", "Producer / server"),
     ("gpus", "GPU"),
-    ("errors", "Recent errors"),
 )
+WIDE_AT = 110  # columns: two panel columns from here
+TALL_AT = 36  # lines: the history chart from here
+SHARD_POLL_S = 2.0  # how often a new shard's journal folder is looked for
 
 
 class HelpScreen(ModalScreen[None]):
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }
-    HelpScreen > Static { width: 92; height: auto; border: round $accent; padding: 1 2;
-                          background: $surface; }
+    HelpScreen > Static { width: 92; max-width: 100%; height: auto; max-height: 100%;
+                          border: round $accent; padding: 1 2; background: $surface; }
     """
 
     def compose(self) -> ComposeResult:
@@ -72,26 +85,31 @@ class HelpScreen(ModalScreen[None]):
 
 
 class Eagle3Top(App[int]):
-    """The monitor. ``feeds`` keep ``rows`` current; ``clock`` gives wall time."""
+    """The monitor. ``feeds`` keep ``rows`` current; ``clock`` gives wall time; ``watch``
+    adds the feeds of shards that start later."""
 
     TITLE = "eagle3-top"
     ENABLE_COMMAND_PALETTE = False
     CSS = """
     Screen { layout: vertical; }
     #header { height: 1; }
-    #conn { height: auto; max-height: 6; padding: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
-    #fleet { height: auto; max-height: 12; border: round $secondary; border-title-align: left;
-             padding: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
-    #grid { grid-size: 2; grid-columns: 7fr 5fr; grid-rows: auto; grid-gutter: 0 1;
-            height: 1fr; overflow-y: auto; }
+    #verdict { height: auto; max-height: 3; padding: 0 1; text-wrap: nowrap;
+               text-overflow: ellipsis; }
+    #conn { height: auto; max-height: 4; padding: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
     .panel { border: round $primary; border-title-align: left; padding: 0 1; height: auto;
              text-wrap: nowrap; text-overflow: ellipsis; }
-    #errors { column-span: 2; height: 1fr; min-height: 4; }
+    #pipeline { height: auto; }
+    #body { height: 1fr; scrollbar-size-vertical: 1; }
+    #fleet { border: round $secondary; }
+    #grid { grid-size: 2; grid-columns: 7fr 5fr; grid-rows: auto; grid-gutter: 0 1;
+            height: auto; }
+    #history { display: none; }
+    #errors { height: 1fr; min-height: 5; }
     """
     BINDINGS = [
         Binding("q", "quit", "Quit"),
         Binding("question_mark", "help", "Help", key_display="?"),
-        Binding("p", "pause", "Pause"),
+        Binding("p", "pause", "Freeze"),
         Binding("r", "reconnect", "Reconnect"),
     ]
 
@@ -104,6 +122,7 @@ class Eagle3Top(App[int]):
         interval: float = 1.0,
         tz_offset_s: float | None = None,
         run_feeds: bool = True,
+        watch: ShardWatch | None = None,
     ) -> None:
         super().__init__()
         self.feeds = feeds or []
@@ -112,52 +131,111 @@ class Eagle3Top(App[int]):
         self.interval = interval
         self.tz_offset_s = tz_offset_s
         self.run_feeds = run_feeds
+        self.shard_watch = watch
         self.paused = False
         self._shown: dict[str, Text] = {}
         self._drawn_version: tuple[int, ...] = ()
         self._pipeline_at = float("-inf")  # monotonic time the pipeline panel was drawn
         self._pipeline_due: Timer | None = None
         self._ticker: Timer | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: dict[Feed, asyncio.Task[None]] = {}
+        self._watched_at = float("-inf")
 
     def compose(self) -> ComposeResult:
         yield Static(id="header")
+        yield Static(id="verdict")
         yield Static(id="conn")
-        fleet = Static(id="fleet")
-        fleet.border_title = "Shards"
-        fleet.display = len(self.rows) > 1
-        yield fleet
-        with Grid(id="grid"):
-            for wid, title in PANELS:
-                w = Static(id=wid, classes="panel")
-                w.border_title = title
-                yield w
+        pipe = Static(id="pipeline", classes="panel")
+        pipe.border_title = "Pipeline"
+        yield pipe
+        with VerticalScroll(id="body"):
+            fleet = Static(id="fleet", classes="panel")
+            fleet.border_title = "Shards"
+            fleet.display = len(self.rows) > 1
+            yield fleet
+            with Grid(id="grid"):
+                for wid, title in PANELS:
+                    w = Static(id=wid, classes="panel")
+                    w.border_title = title
+                    yield w
+            hist = Static(id="history", classes="panel")
+            hist.border_title = "History (samples saved)"
+            yield hist
+            errs = Static(id="errors", classes="panel")
+            errs.border_title = "Recent errors"
+            yield errs
         yield Footer()
 
     def on_mount(self) -> None:
         for f in self.feeds:
-            f.on_change = self.records_arrived
-            # A busy socket is read four times per interval; every other read repaints the
-            # counters in the same wake-up (see records_arrived).
-            f.coalesce_s = max(self.interval / 4, 0.05)
-        if self.run_feeds:
-            self._tasks = [asyncio.create_task(f.run()) for f in self.feeds]
+            self._start_feed(f)
         self._ticker = self.set_interval(self.interval, self.tick)
         self.tick()
 
+    def _start_feed(self, f: Feed) -> None:
+        f.on_change = self.records_arrived
+        # A busy socket is read four times per interval; every other read repaints the
+        # counters in the same wake-up (see records_arrived).
+        f.coalesce_s = max(self.interval / 4, 0.05)
+        if self.run_feeds:
+            self._tasks[f] = asyncio.create_task(f.run())
+
+    def _watch_shards(self) -> None:
+        """Add the shards whose journal folders appeared since the last look."""
+        if self.shard_watch is None or time.monotonic() - self._watched_at < SHARD_POLL_S:
+            return
+        self._watched_at = time.monotonic()
+        new, drop = self.shard_watch.poll(self.feeds)
+        for f in drop:
+            task = self._tasks.pop(f, None)
+            if task is not None:
+                task.cancel()
+            self.feeds.remove(f)
+            self.rows.remove(f.row)
+        for f in new:
+            self.feeds.append(f)
+            self.rows.append(f.row)
+            self._start_feed(f)
+        if new or drop:
+            self.rows.sort(key=lambda r: r.label)
+            self._layout()
+
+    # -- sizes ---------------------------------------------------------------------------------
+
+    def _wide(self) -> bool:
+        return self.size.width >= WIDE_AT
+
+    def _widths(self) -> tuple[int, int, int]:
+        """Content widths: the full width, the left and the right panel column."""
+        w = max(self.size.width, 40)
+        full = w - 4  # border and padding
+        if not self._wide():
+            return full, full, full
+        return full, (w - 1) * 7 // 12 - 4, (w - 1) * 5 // 12 - 4
+
+    def _layout(self) -> None:
+        try:
+            grid = self.query_one("#grid", Grid)
+            hist = self.query_one("#history", Static)
+            fleet = self.query_one("#fleet", Static)
+        except NoMatches:
+            return
+        wide = self._wide()
+        grid.styles.grid_size_columns = 2 if wide else 1
+        grid.styles.grid_columns = "7fr 5fr" if wide else "1fr"
+        hist.display = self.size.height >= TALL_AT
+        fleet.display = len(self.rows) > 1
+        self._shown.clear()  # widths changed: every panel is drawn anew
+
     def on_resize(self) -> None:
-        # Below 110 columns two panel columns crop the Pipeline counters: stack the panels.
-        grid = self.query_one("#grid", Grid)
-        narrow = self.size.width < 110
-        grid.styles.grid_size_columns = 1 if narrow else 2
-        grid.styles.grid_columns = "1fr" if narrow else "7fr 5fr"
-        self.query_one("#errors").styles.column_span = 1 if narrow else 2
+        self._layout()
+        self.call_after_refresh(self.tick)
 
     async def on_unmount(self) -> None:
         for timer in (self._pipeline_due, self._ticker):
             if timer is not None:
                 timer.stop()
-        for t in self._tasks:
+        for t in self._tasks.values():
             t.cancel()
 
     def _panel(self, wid: str) -> Static | None:
@@ -184,29 +262,34 @@ class Eagle3Top(App[int]):
         panel.update(text, layout=not same_height)
 
     def tick(self) -> None:
-        """Redraw from the rows at ``clock()``; only the header while paused."""
+        """Redraw from the rows at ``clock()``; only the header while the screen is frozen."""
+        self._watch_shards()
         now = self.clock()
         rows, tz = self.rows, self.tz_offset_s
-        self._set("header", panels.header(rows, now, self.paused, tz))
+        report = panels.verdict(rows, now)
+        self._set("header", panels.header(rows, now, self.paused, tz, report))
         if self.paused:
             return
-        fleet = self._panel("fleet")
-        if fleet is None:
+        if self._panel("fleet") is None:
             return  # closing
-        want = len(rows) > 1
-        if fleet.display != want:
-            fleet.display = want
+        full, left, right = self._widths()
+        self._set("verdict", panels.verdict_line(report, rows, now, width=full + 2))
         if len(rows) > 1:
-            self._set("fleet", panels.fleet(rows, now))
+            self._set("fleet", panels.fleet(rows, now, full, report))
         self._set("conn", panels.connection(rows, now))
         self._mark_pipeline()
-        self._set("pipeline", panels.pipeline(rows, now))
-        self._set("throughput", panels.throughput(rows, now))
-        self._set("eta", panels.eta(rows, now, tz))
-        self._set("disk", panels.disk(rows, now))
-        self._set("gpus", panels.gpus(rows, now))
-        self._set("producer", panels.producer(rows, now))
-        self._set("errors", panels.errors(rows, now, tz_offset_s=tz))
+        self._set("pipeline", panels.pipeline(rows, now, full, tz, report))
+        tall = self.size.height >= TALL_AT
+        span = 900 if tall else panels.SPARK_SECONDS
+        self._set("throughput", panels.throughput(rows, now, left, span))
+        self._set("disk", hostpanels.disk(rows, now))
+        self._set("producer", hostpanels.producer(rows, now, report, left))
+        self._set("gpus", hostpanels.gpus(rows, now, right))
+        if tall:
+            self._set("history", panels.history(rows, now, full))
+        errs = self._panel("errors")
+        limit = max(errs.size.height - 2, 5) if errs is not None and errs.size.height else 12
+        self._set("errors", panels.errors(rows, now, limit=limit, tz_offset_s=tz))
 
     def _version(self) -> tuple[int, ...]:
         return tuple(r.state.seq if r.state is not None else -2 for r in self.rows)
@@ -240,7 +323,9 @@ class Eagle3Top(App[int]):
         if self.paused or self._version() == self._drawn_version:
             return
         self._mark_pipeline()
-        self._set("pipeline", panels.pipeline(self.rows, self.clock()))
+        now = self.clock()
+        full = self._widths()[0]
+        self._set("pipeline", panels.pipeline(self.rows, now, full, self.tz_offset_s))
 
     def _mark_pipeline(self) -> None:
         self._drawn_version = self._version()
@@ -260,21 +345,37 @@ class Eagle3Top(App[int]):
         self.tick()
 
 
-def build_feeds(args: argparse.Namespace, clock: Callable[[], float]) -> list[Feed]:
+def build_feeds(
+    args: argparse.Namespace, clock: Callable[[], float]
+) -> tuple[list[Feed], ShardWatch | None]:
     from .cli import remote_args, targets
     from .feeds import LocalFeed, StreamFeed
     from .sources import ssh_argv
 
     if args.hosts:
-        return [StreamFeed(h, ssh_argv(h, remote_args(args)), clock) for h in args.hosts]
-    return [LocalFeed(t, clock, args.interval) for t in targets(args)]
+        return [StreamFeed(h, ssh_argv(h, remote_args(args)), clock) for h in args.hosts], None
+    found = targets(args)
+    feeds: list[Feed] = [LocalFeed(t, clock, args.interval) for t in found]
+    watch = None
+    output = next((t.output for t in found if t.output), "")
+    if output and not args.socket:
+        from eagle3proto.paths import Shard
+
+        want = Shard.parse(args.shard) if args.shard else None
+        watch = ShardWatch(
+            output,
+            lambda t: LocalFeed(t, clock, args.interval),
+            found,
+            keep=lambda t: want is None or t.shard == want,
+        )
+    return feeds, watch
 
 
 def run_app(args: argparse.Namespace) -> int:
-    feeds = build_feeds(args, time.time)
+    feeds, watch = build_feeds(args, time.time)
     if not feeds:
         print("eagle3-top: nothing to watch: give --output DIR, --socket PATH or HOST")
         return 3
-    app = Eagle3Top(feeds, interval=args.interval)
+    app = Eagle3Top(feeds, interval=args.interval, watch=watch)
     app.run()
     return 0

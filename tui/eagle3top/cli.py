@@ -8,6 +8,8 @@ import time
 
 from .report import EXIT_CODES_HELP
 
+FORMATS = ("text", "json", "prometheus")
+
 DESCRIPTION = """\
 Monitor eagle3d extraction runs: live from the daemon's socket, else from the journal
 in OUTPUT/.eagle3d (a finished or dead run stays fully inspectable), or on remote HOSTs
@@ -52,7 +54,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="refresh interval in seconds (default 1, at least 0.25)",
     )
     p.add_argument("--once", "-1", action="store_true", help="print one snapshot and exit")
-    p.add_argument("--json", action="store_true", help="with --once: one JSON document")
+    p.add_argument(
+        "--format",
+        choices=FORMATS,
+        default=None,
+        help="with --once: text (default; its first line is a monitoring-plugins status line"
+        " with perfdata), json, or prometheus (the text exposition format)",
+    )
+    p.add_argument("--json", action="store_true", help="with --once: the same as --format json")
+    p.add_argument(
+        "--textfile",
+        metavar="PATH",
+        help="write the Prometheus exposition to PATH atomically (for node_exporter's"
+        " textfile collector; implies --once, prints nothing unless --format is given)",
+    )
     p.add_argument(
         "--stream",
         action="store_true",
@@ -89,8 +104,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.interval < 0.25:
         parser.error("--interval below 0.25 s costs CPU for nothing; use 0.25 or more")
-    if args.json and not args.once:
-        parser.error("--json needs --once")
+    if args.json:
+        if args.format not in (None, "json"):
+            parser.error("--json is --format json; give one of them")
+        args.format = "json"
+    if args.textfile:
+        args.once = True
+    if args.format and not args.once:
+        parser.error(f"--{'json' if args.json else 'format'} needs --once")
     if args.stream:
         if args.hosts:
             parser.error("--stream relays this host; it takes no HOST")
@@ -117,7 +138,20 @@ def _once(args: argparse.Namespace) -> int:
         rows = [sources.once_remote(h, remote_args(args)) for h in args.hosts]
     else:
         rows = [sources.once_local(t) for t in targets(args)]
-    return once.run(rows, time.time(), args.json)
+    doc, report = once.build(rows, time.time())
+    fmt_name = args.format or ("" if args.textfile else "text")
+    if args.textfile or fmt_name == "prometheus":
+        from . import prometheus
+
+        text = prometheus.exposition(doc)
+        if args.textfile:
+            prometheus.write_textfile(args.textfile, text)
+    if fmt_name == "prometheus":
+        sys.stdout.write(text)
+    elif fmt_name:
+        sys.stdout.write(once.render(doc, report, fmt_name, sys.stdout))
+    sys.stdout.flush()
+    return report.exit_code
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
   live, with the socket retried on a capped back-off.
 * :class:`StreamFeed` - a remote host through ``ssh HOST eagle3-top --stream``, restarted
   on a capped back-off when it ends.
+* :class:`ShardWatch` - the shards of an output that start after the monitor did.
 
 Both speak the same protocol through :meth:`Feed._session`. Time for display comes from the
 injected wall clock; back-off sleeps use the event loop.
@@ -172,11 +173,13 @@ class LocalFeed(Feed):
             await self._follow_journal(delay)
 
     async def _try_socket(self) -> bool:
+        errors = []
         for path in self.target.socket_candidates():
             try:
                 reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(path), 2.0)
             except (OSError, TimeoutError) as e:
-                self.row.error = f"socket {path}: {getattr(e, 'strerror', None) or e}"
+                errors.append(f"socket {path}: {getattr(e, 'strerror', None) or e}")
+                self.row.error = "; ".join(errors)
                 continue
             writer.write(wire.encode(wire.Hello(client="eagle3-top")))
             self.row.source = "socket"
@@ -212,6 +215,9 @@ class LocalFeed(Feed):
                     every = max(every, QUIET_POLL_S)
             else:
                 row.conn = "disconnected"
+                # The words --once uses for the same situation.
+                if t.jdir and not row.error.startswith("no journal"):
+                    row.error = f"no journal at {t.jdir}" + (f"; {row.error}" if row.error else "")
             left = end - loop.time()
             if left <= 0 or await self._sleep(min(every, left)):
                 return
@@ -269,3 +275,41 @@ class StreamFeed(Feed):
             delay = backoff(row.attempts, self.delays)
             row.retry_at = self.clock() + delay
             await self._sleep(delay)
+
+
+class ShardWatch:
+    """New shards of an output, as their journal folders appear (a Slurm array's tasks start
+    at different times): one listing of ``OUTPUT/.eagle3d/journal/`` per :meth:`poll`.
+
+    ``make`` builds the feed of a new target; a placeholder target whose journal folder
+    does not exist (what discovery gives for an output with no journal yet) is replaced by
+    the real shards once they appear.
+    """
+
+    def __init__(
+        self,
+        output: str,
+        make: Callable[[Target], Feed],
+        known: list[Target],
+        keep: Callable[[Target], bool] = lambda t: True,
+    ) -> None:
+        self.output = output
+        self.make = make
+        self.keep = keep
+        self._known = {t.jdir for t in known if t.jdir}
+
+    def poll(self, feeds: list[Feed]) -> tuple[list[Feed], list[Feed]]:
+        """(feeds to add, placeholder feeds to drop) for the journal folders now present."""
+        from .sources import discover
+
+        found = [t for t in discover(self.output, None) if os.path.isdir(t.jdir) and self.keep(t)]
+        new = [t for t in found if t.jdir not in self._known]
+        if not new:
+            return [], []
+        self._known.update(t.jdir for t in new)
+        drop: list[Feed] = [
+            f
+            for f in feeds
+            if isinstance(f, LocalFeed) and f.row.state is None and not os.path.isdir(f.target.jdir)
+        ]
+        return [self.make(t) for t in new], drop

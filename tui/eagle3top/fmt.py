@@ -7,6 +7,7 @@ and the tests agree on "3 h 10 m", "1.2 GB" and whether the disk fits.
 from __future__ import annotations
 
 import math
+import textwrap
 import time
 from dataclasses import dataclass
 
@@ -100,6 +101,21 @@ def sparkline(values: list[int] | list[float]) -> str:
     )
 
 
+def chart(values: list[int] | list[float], rows: int) -> list[str]:
+    """A bar chart ``rows`` lines high (top line first), one column per value, scaled to the
+    maximum; eighth blocks give each column ``8 * rows`` steps."""
+    top = max(values, default=0)
+    steps = [round(v / top * 8 * rows) if top > 0 else 0 for v in values]
+    out = []
+    for r in range(rows - 1, -1, -1):
+        line = []
+        for n in steps:
+            level = n - 8 * r
+            line.append("█" if level >= 8 else (" " if level <= 0 else _SPARK[level - 1]))
+        out.append("".join(line))
+    return out
+
+
 def bar(fraction: float, width: int) -> str:
     """A text progress bar of ``width`` cells."""
     f = min(max(fraction, 0.0), 1.0)
@@ -154,3 +170,12 @@ def find_disk(stats: ev.Stats | None, label: str) -> ev.DiskUsage | None:
     if stats is None:
         return None
     return next((d for d in stats.disk if d.label == label), None)
+
+
+def wrap(words: str, width: int, indent: int = 2, start: int = 0) -> str:
+    """``words`` wrapped at ``width`` when the first line starts at column ``start``, later
+    lines indented by ``indent`` (a note or a reason must never be cut)."""
+    lines = textwrap.wrap(
+        words, max(width, 20), initial_indent=" " * start, subsequent_indent=" " * indent
+    )
+    return "\n".join(lines or [""])[start:]

@@ -2,24 +2,85 @@
 
 A :class:`Row` is one shard of one daemon as a source delivered it: the reducer state, where
 it came from (socket, journal, ssh relay), whether the daemon is known to be alive, and when
-the source last said anything. :func:`health` turns a row into one word of
-``running | finished | stalled | stopped | down`` plus a reason. Time is an argument.
+the source last said anything. :func:`health` turns a row into a :class:`Health`: a state
+word, a level (the monitoring-plugins code it is worth) and a reason. Time is an argument.
+
+States (``HEALTH_STATES``) and their levels:
+
+* ``running`` OK; ``stopping`` OK (draining after a signal); ``finished`` OK, but WARNING
+  when more samples failed than the run's ``--max-failed-fraction`` allows and CRITICAL when
+  every sample failed (the run's ``run_finished`` carries exit code 9);
+* ``starting`` / ``loading`` (the producer is not up yet) OK for ``LOAD_LIMIT_S``, or longer
+  while the load makes progress (the producer's memory grew within ``LOAD_PROGRESS_S``),
+  else WARNING;
+* ``waiting`` (for a producer that is not up yet at start) OK for ``LOAD_LIMIT_S``, then
+  CRITICAL;
+* ``producer_down`` (the producer went away mid-run) WARNING, CRITICAL after
+  ``PRODUCER_CRITICAL_S``;
+* ``paused`` WARNING, CRITICAL when the disk is full or unwritable;
+* ``stalled`` (the producer is up but nothing is saved for ``STALL_AFTER_S``, or no record
+  at all for ``SILENT_AFTER_S``) WARNING;
+* ``stopped`` WARNING when clean with work left, CRITICAL when the run failed;
+* ``down`` (the daemon is gone with work left) CRITICAL;
+* ``unknown`` (nothing to read) UNKNOWN.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from eagle3proto.reducer import ShardState, View, combine, view
 
-#: No saved sample for this long while work is left and the daemon runs: "stalled".
+from .fmt import duration
+
+OK, WARNING, CRITICAL, UNKNOWN = 0, 1, 2, 3
+LEVEL_WORDS = {OK: "OK", WARNING: "WARNING", CRITICAL: "CRITICAL", UNKNOWN: "UNKNOWN"}
+#: Worst first: CRITICAL, WARNING, UNKNOWN, OK (an unreachable shard is less alarming than
+#: a failing one, and more than a healthy one).
+SEVERITY = (CRITICAL, WARNING, UNKNOWN, OK)
+
+#: Nothing saved for this long while work is left and the producer is up: "stalled".
 STALL_AFTER_S = 120.0
 #: No record at all (stats come every ~1 s) for this long from a live source: "stalled".
 SILENT_AFTER_S = 30.0
 #: A connected socket that said nothing for this long is shown as STALE.
 STALE_AFTER_S = 5.0
+#: Starting, loading the model or waiting for the producer is healthy for this long.
+LOAD_LIMIT_S = 900.0
+#: ... and a load stays healthy beyond it while it made progress this recently.
+LOAD_PROGRESS_S = 60.0
+#: A producer down mid-run is a warning, and critical after this long.
+PRODUCER_CRITICAL_S = 300.0
 
-HEALTH_STATES = ("running", "finished", "stalled", "stopped", "down")
+HEALTH_STATES = (
+    "running",
+    "finished",
+    "stopping",
+    "starting",
+    "loading",
+    "waiting",
+    "producer_down",
+    "paused",
+    "stalled",
+    "stopped",
+    "down",
+)
+#: Among shards of the same level, the state shown for all of them: the most telling first.
+STATE_ORDER = (
+    "down",
+    "producer_down",
+    "stalled",
+    "paused",
+    "waiting",
+    "unknown",
+    "loading",
+    "starting",
+    "stopping",
+    "running",
+    "stopped",
+    "finished",
+)
 
 
 @dataclass
@@ -40,53 +101,117 @@ class Row:
     error: str = ""
     notes: list[str] = field(default_factory=list)
 
+    def gone(self) -> bool:
+        """Whether the daemon behind this row is known not to run (its readings are old)."""
+        s = self.state
+        return self.alive is False or (s is not None and s.state in ("finished", "stopped"))
+
     def view(self, now: float) -> View:
-        if self.state is None:
+        s = self.state
+        if s is None:
             return View(label=self.label, state="unknown")
-        return view(self.state, now, label=self.label)
+        frozen = None
+        if self.alive is False and s.state not in ("finished", "stopped"):
+            newest = max(s.last_ts.values()) if s.last_ts else now
+            frozen = (newest, "daemon down")
+        return view(s, now, label=self.label, frozen=frozen)
 
 
 @dataclass(frozen=True, slots=True)
 class Health:
     state: str  # one of HEALTH_STATES, or "unknown" when nothing could be read
+    level: int = OK
     reason: str = ""
 
 
+_TRAILING_SECONDS = re.compile(r"\s*\(\d+(?:\.\d+)?\s*s\)\s*$")
+#: Words of a pause reason that mean the disk refuses writes (the daemon names the errno).
+_UNWRITABLE = ("permission denied", "read-only", "i/o error", "quota")
+
+
+def _since(seconds: float) -> str:
+    return duration(max(seconds, 0.0))
+
+
 def health(row: Row, now: float) -> Health:
-    """Judge one shard. Pure: the row and ``now`` in, a word and a reason out."""
+    """Judge one shard. Pure: the row and ``now`` in, a word, a level and a reason out."""
     s = row.state
     if s is None:
-        return Health("unknown", row.error or "no socket and no journal")
-    v = view(s, now)
+        return Health("unknown", UNKNOWN, row.error or "no socket and no journal")
+    total = s.total
+    remaining = max(total - s.saved - s.failed, 0) if total >= 0 else 0
     if s.state == "finished":
-        return Health("finished", f"{v.saved} saved, {v.failed} failed")
+        if s.finish_code:  # the daemon's own verdict (eagle3d run exit 9): not success
+            what = f"{s.failed:,} of {total:,} samples failed ({s.saved:,} saved)"
+            return Health("finished", CRITICAL if s.saved == 0 else WARNING, what)
+        return Health("finished", OK, f"{s.saved:,} saved, {s.failed:,} failed")
     if row.alive is False:
         if s.state == "stopped":
             why = s.state_reason or "stopped"
             if s.stop_code:
-                return Health("stopped", f"run failed (exit {s.stop_code}): {why}")
-            return Health("stopped", f"{why}; resumable, {v.remaining} left")
-        return Health("down", f"daemon not running, {v.remaining} samples left")
+                return Health("stopped", CRITICAL, f"run failed (exit {s.stop_code}): {why}")
+            return Health("stopped", WARNING, f"{why}; resumable, {remaining:,} left")
+        newest = max(s.last_ts.values()) if s.last_ts else None
+        gone = f" (last record {_since(now - newest)} ago)" if newest is not None else ""
+        return Health("down", CRITICAL, f"daemon not running{gone}, {remaining:,} samples left")
     if s.state == "stopped":
-        return Health("stopped", s.state_reason or "stopped")
+        level = CRITICAL if s.stop_code else WARNING
+        return Health("stopped", level, s.state_reason or "stopped")
     if s.state == "paused":
-        return Health("stalled", f"paused: {s.state_reason}" if s.state_reason else "paused")
-    if s.state == "empty":
-        return Health("running", "starting")
-    if v.age_s is not None and v.age_s > SILENT_AFTER_S:
-        return Health("stalled", f"no record for {int(v.age_s)} s")
-    if v.remaining > 0 and s.session_start_ts and now - s.session_start_ts > STALL_AFTER_S:
-        last_save = s.changed.get("saved", s.session_start_ts)
-        since = now - max(last_save, s.session_start_ts)
-        if since > STALL_AFTER_S:
-            return Health("stalled", f"nothing saved for {int(since)} s")
-    return Health("running", s.state_reason if s.state == "draining" else "")
+        why = s.state_reason.lower()
+        # A full or unwritable disk (the daemon's reason names it) needs an operator.
+        disk = ("disk" in why and "full" in why) or any(w in why for w in _UNWRITABLE)
+        return Health("paused", CRITICAL if disk else WARNING, s.state_reason or "no reason given")
+    if s.producer == "waiting":
+        waited = now - s.producer_since
+        what = _TRAILING_SECONDS.sub("", s.producer_message) or "waiting for the producer"
+        reason = f"{what} for {_since(waited)}"
+        if waited > LOAD_LIMIT_S:
+            return Health("waiting", CRITICAL, f"{reason} (limit {_since(LOAD_LIMIT_S)})")
+        return Health("waiting", OK, reason)
+    if s.state in ("empty", "starting", "loading"):
+        return _loading(s, now)
+    if s.producer == "down":
+        down = now - s.producer_since
+        why = f": {s.producer_message}" if s.producer_message else ""
+        level = CRITICAL if down > PRODUCER_CRITICAL_S else WARNING
+        return Health("producer_down", level, f"producer down for {_since(down)}{why}")
+    newest = max(s.last_ts.values()) if s.last_ts else None
+    if newest is not None and now - newest > SILENT_AFTER_S:
+        return Health("stalled", WARNING, f"no record for {int(now - newest)} s")
+    if remaining > 0 and s.up_ts:
+        last_save = max(s.changed.get("saved", s.up_ts), s.up_ts)
+        if now - last_save > STALL_AFTER_S:
+            return Health("stalled", WARNING, f"nothing saved for {int(now - last_save)} s")
+    if s.state == "draining":
+        return Health("stopping", OK, s.state_reason or "draining")
+    if s.producer == "restarting":
+        return Health("running", OK, f"producer restarting: {s.producer_message}")
+    return Health("running", OK, "")
+
+
+def _loading(s: ShardState, now: float) -> Health:
+    word = "loading" if s.state == "loading" else "starting"
+    since = s.state_since or s.session_start_ts or now
+    elapsed = now - since
+    what = s.state_reason or ("loading the model" if word == "loading" else "starting")
+    reason = f"{what} for {_since(elapsed)}"
+    progress = now - s.load_progress_ts if s.load_progress_ts else None
+    if elapsed <= LOAD_LIMIT_S or (progress is not None and progress <= LOAD_PROGRESS_S):
+        return Health(word, OK, reason)
+    quiet = f"no progress for {_since(progress)}" if progress is not None else "no progress seen"
+    return Health(word, WARNING, f"{reason}, {quiet} (limit {_since(LOAD_LIMIT_S)})")
+
+
+def rank(level: int, state: str) -> tuple[int, int]:
+    """Sort key: the most alarming (level, state) first."""
+    order = STATE_ORDER.index(state) if state in STATE_ORDER else len(STATE_ORDER)
+    return SEVERITY.index(level), order
 
 
 def worst(states: list[str]) -> str:
-    """The state of several shards together: the most alarming one wins."""
-    order = ("down", "stalled", "unknown", "running", "stopped", "finished")
-    for st in order:
+    """The state of several shards together, by state alone: the most telling one wins."""
+    for st in STATE_ORDER:
         if st in states:
             return st
     return "unknown"

@@ -1,4 +1,7 @@
-"""``eagle3-top --once``: one snapshot as text or JSON, and an exit status.
+"""``eagle3-top --once``: one snapshot as text, JSON or Prometheus, and an exit status.
+
+The text's first line is a monitoring-plugins status line with perfdata (``EAGLE3D OK -
+running: ... | saved=400;;;0;1000 ...``), so check_by_ssh or Icinga graph it as it is.
 
 This path must stay light: it imports neither Textual nor torch (nor Rich, nor asyncio's
 machinery beyond what the standard library loads), so a cron job or a health check pays
@@ -8,7 +11,6 @@ for a Python start, a socket round trip or a journal read, and nothing else.
 from __future__ import annotations
 
 import os
-import sys
 from typing import TextIO
 
 import msgspec
@@ -16,7 +18,7 @@ from eagle3proto import events as ev
 from eagle3proto.reducer import View
 
 from . import fmt
-from .model import Row, health, totals, worst
+from .model import LEVEL_WORDS, Row, totals
 from .report import Report
 
 
@@ -43,6 +45,12 @@ class GpuDoc(msgspec.Struct, kw_only=True):
     power_w: float
     ecc_errors: int
     throttle: list[str]
+    power_limit_w: float = 0.0
+    ecc_corrected: int = 0
+    ecc_uncorrected_total: int = 0
+    xid_errors: int = 0
+    last_xid: int = 0
+    last_xid_ts: float = 0.0
 
 
 class ErrorDoc(msgspec.Struct, kw_only=True):
@@ -71,8 +79,14 @@ class Counts(msgspec.Struct, kw_only=True):
     rate_tokens_s: float
     rate_bytes_s: float
     eta_s: float | None
+    eta_frozen: str
+    eta_rate_samples_s: float
+    eta_window_s: float
     finish_ts: float | None
+    up_s: float | None
     age_s: float | None
+    requests: int
+    dumps: int
 
 
 class ShardDoc(Counts, kw_only=True):
@@ -82,9 +96,16 @@ class ShardDoc(Counts, kw_only=True):
     source: str
     alive: bool | None
     state: str
+    level: str
     reason: str
+    run_state: str
+    state_since_ts: float | None
+    producer: str
+    producer_message: str
+    producer_since_ts: float | None
     producer_up: bool | None
     producer_latency_s: float | None
+    producer_detail: dict[str, float | str]
     daemon_cpu_percent: float | None
     daemon_rss_bytes: int | None
     gpu_note: str
@@ -94,6 +115,7 @@ class ShardDoc(Counts, kw_only=True):
 
 class OnceDoc(Counts, kw_only=True):
     state: str
+    level: str
     reason: str
     exit_code: int
     now: float
@@ -106,6 +128,8 @@ class OnceDoc(Counts, kw_only=True):
 
 def _counts(v: View, now: float) -> dict[str, object]:
     eta = v.eta_s
+    # A frozen ETA has no finish time: nobody knows when the work resumes.
+    finish = None if not eta or v.eta_frozen else round(now + eta, 1)
     return {
         "total": v.total if v.total >= 0 else None,
         "sent": v.sent,
@@ -122,8 +146,14 @@ def _counts(v: View, now: float) -> dict[str, object]:
         "rate_tokens_s": round(v.rate_1m.tokens_s, 2),
         "rate_bytes_s": round(v.rate_1m.bytes_s, 1),
         "eta_s": None if eta is None else round(eta, 1),
-        "finish_ts": None if eta is None else round(now + eta, 1),
+        "eta_frozen": v.eta_frozen,
+        "eta_rate_samples_s": round(v.rate_eta.samples_s, 4),
+        "eta_window_s": v.eta_window_s,
+        "finish_ts": finish,
+        "up_s": None if v.up_s is None else round(v.up_s, 1),
         "age_s": None if v.age_s is None else round(v.age_s, 3),
+        "requests": v.requests,
+        "dumps": v.dumps,
     }
 
 
@@ -135,10 +165,10 @@ def build(rows: list[Row], now: float) -> tuple[OnceDoc, Report]:
     gpus: list[GpuDoc] = []
     errors: list[ErrorDoc] = []
     seen_hosts: set[str] = set()
-    for r in rows:
+    for (r, h), level in zip(report.health, report.levels, strict=True):
         v = r.view(now)
-        h = health(r, now)
-        stats = r.state.stats if r.state is not None else None
+        s = r.state
+        stats = s.stats if s is not None else None
         shards.append(
             ShardDoc(
                 label=r.label,
@@ -147,9 +177,16 @@ def build(rows: list[Row], now: float) -> tuple[OnceDoc, Report]:
                 source=r.source,
                 alive=r.alive,
                 state=h.state,
+                level=LEVEL_WORDS[level],
                 reason=h.reason,
+                run_state=s.state if s is not None else "",
+                state_since_ts=s.state_since or None if s is not None else None,
+                producer=s.producer if s is not None else "",
+                producer_message=s.producer_message if s is not None else "",
+                producer_since_ts=(s.producer_since or None) if s is not None else None,
                 producer_up=stats.producer.up if stats else None,
                 producer_latency_s=stats.producer.latency_s if stats else None,
+                producer_detail=dict(stats.producer.detail) if stats else {},
                 daemon_cpu_percent=stats.cpu_percent if stats else None,
                 daemon_rss_bytes=stats.rss_bytes if stats else None,
                 gpu_note=stats.gpu_note if stats else "",
@@ -192,15 +229,11 @@ def build(rows: list[Row], now: float) -> tuple[OnceDoc, Report]:
         for g in stats.gpus:
             gpus.append(GpuDoc(host=r.host, **msgspec.structs.asdict(g)))
     tot = totals(rows, now)
-    states = [s.state for s in shards]
-    state = worst(states) if states else "unknown"
-    reasons = [s.reason for s in shards if s.state == state and s.reason]
-    if state == "unknown" and not rows:
-        reasons = ["no socket and no journal found"]
     errors.sort(key=lambda e: e.ts)
     doc = OnceDoc(
-        state=state,
-        reason="; ".join(reasons[:3]),
+        state=report.state,
+        level=report.level_word,
+        reason=report.reason,
         exit_code=report.exit_code,
         now=now,
         disk=disks,
@@ -219,14 +252,8 @@ def to_json(doc: OnceDoc) -> bytes:
 
 # -- human text ----------------------------------------------------------------------------
 
-_COLORS = {
-    "running": "32",
-    "finished": "36",
-    "stalled": "33",
-    "stopped": "33",
-    "down": "31",
-    "unknown": "35",
-}
+#: ANSI colours by level, as the TUI colours its header.
+_COLORS = {"OK": "32", "WARNING": "33", "CRITICAL": "31", "UNKNOWN": "35"}
 
 
 def use_color(stream: TextIO) -> bool:
@@ -237,13 +264,59 @@ def use_color(stream: TextIO) -> bool:
     return stream.isatty()
 
 
-def render_text(doc: OnceDoc, report: Report, color: bool) -> str:
-    def paint(text: str, code: str) -> str:
-        return f"\x1b[{code}m{text}\x1b[0m" if color else text
+def _perf(
+    label: str, value: float | int, unit: str = "", lo: float = 0, hi: float | None = None
+) -> str:
+    """One monitoring-plugins perfdata item: ``label=value[UOM];warn;crit;min;max``."""
+    v = f"{value:.4g}" if isinstance(value, float) else str(value)
+    top = "" if hi is None else (f"{hi:g}" if isinstance(hi, float) else str(hi))
+    return f"{label}={v}{unit};;;{lo:g};{top}".rstrip(";")
 
-    out: list[str] = []
+
+def perfdata(doc: OnceDoc) -> str:
+    """The job's totals as perfdata (what check_by_ssh / Icinga graph)."""
+    total = doc.total
+    items = [
+        _perf("saved", doc.saved, hi=total),
+        _perf("failed", doc.failed, hi=total),
+        _perf("remaining", doc.remaining, hi=total),
+        _perf("in_flight", doc.in_flight),
+        _perf("committing", doc.committing),
+        _perf("percent", round(doc.percent, 2), "%", hi=100),
+        _perf("rate", round(doc.eta_rate_samples_s, 4)),
+        _perf("tokens_rate", round(doc.rate_tokens_s, 1)),
+        _perf("bytes_saved", doc.bytes_saved, "B"),
+    ]
+    if doc.eta_s is not None:
+        items.append(_perf("eta", round(doc.eta_s, 1), "s"))
+    if doc.age_s is not None:
+        items.append(_perf("age", round(doc.age_s, 1), "s"))
+    out = next((d for d in doc.disk if d.label == "output"), None)
+    if out is not None:
+        items.append(_perf("disk_free", out.free_bytes, "B", hi=out.total_bytes))
+    return " ".join(items)
+
+
+def status_line(doc: OnceDoc) -> str:
+    """``EAGLE3D OK - running: saved 400 / 1,000 (40.0%), ETA 14 m | saved=400;;;0;1000 ...``"""
+    total = "?" if doc.total is None else fmt.count(doc.total)
+    summary = f"saved {fmt.count(doc.saved)} / {total} ({doc.percent:.1f}%)"
+    if doc.eta_s is not None and doc.state != "finished":
+        summary += f", ETA {fmt.duration(doc.eta_s)}"
+        if doc.eta_frozen:
+            summary += f" (frozen: {doc.eta_frozen})"
+    state = doc.state.replace("_", " ")
+    why = f": {doc.reason}" if doc.reason else ""
+    return f"EAGLE3D {doc.level} - {state}{why}; {summary} | {perfdata(doc)}"
+
+
+def render_text(doc: OnceDoc, report: Report, color: bool) -> str:
+    def paint(text: str, level: str) -> str:
+        return f"\x1b[{_COLORS.get(level, '0')}m{text}\x1b[0m" if color else text
+
+    out: list[str] = [status_line(doc)]
     for s in doc.shards:
-        word = paint(s.state.upper(), _COLORS.get(s.state, "0"))
+        word = paint(s.state.replace("_", " ").upper(), s.level)
         src = s.source or "-"
         out.append(
             f"{s.label}  {s.host}  {word}  via {src}" + (f"  ({s.reason})" if s.reason else "")
@@ -256,7 +329,7 @@ def render_text(doc: OnceDoc, report: Report, color: bool) -> str:
         for n in s.notes:
             out.append(f"  note: {n}")
     if len(doc.shards) > 1:
-        out.append(f"total  {paint(doc.state.upper(), _COLORS.get(doc.state, '0'))}")
+        out.append(f"total  {paint(doc.state.replace('_', ' ').upper(), doc.level)}")
         out.extend(f"  {line}" for line in _counts_lines(doc, doc.now))
     for d in doc.disk:
         line = (
@@ -271,17 +344,30 @@ def render_text(doc: OnceDoc, report: Report, color: bool) -> str:
                 line += f" - does not fit ({fmt.size(d.projected_bytes)} needed)"
         out.append(line)
     for g in doc.gpus:
-        out.append(
-            f"gpu{g.index} ({g.host}) {g.name}: {g.util_percent:.0f}% "
-            f"{g.temperature_c:.0f}C {g.power_w:.0f} W mem {fmt.size(g.mem_used_bytes)}"
-            f"/{fmt.size(g.mem_total_bytes)}"
-            + (f" throttle {','.join(g.throttle)}" if g.throttle else "")
-        )
+        out.append(f"gpu{g.index} ({g.host}) {g.name}: {gpu_health_text(g, doc.now)}")
     for e in doc.errors[-5:]:
         retry = "retrying" if e.retry else "gave up"
         out.append(f"error #{e.idx} {e.error}: {e.message} (attempt {e.attempt}, {retry})")
-    out.append(str(report))
+    out.append(paint(str(report), doc.level))
     return "\n".join(out) + "\n"
+
+
+def gpu_health_text(g: GpuDoc | ev.GpuInfo, now: float) -> str:
+    """``91% 63C 455/700 W mem 120.0 GB/141.0 GB ECC 0 XID 79 (3 m ago) throttle ...``"""
+    power = f"{g.power_w:.0f}" + (f"/{g.power_limit_w:.0f}" if g.power_limit_w else "")
+    text = (
+        f"{g.util_percent:.0f}% {g.temperature_c:.0f}C {power} W"
+        f" mem {fmt.size(g.mem_used_bytes)}/{fmt.size(g.mem_total_bytes)}"
+    )
+    text += f" ECC {g.ecc_errors} uncorrected, {g.ecc_corrected} corrected"
+    if g.ecc_uncorrected_total:
+        text += f" ({g.ecc_uncorrected_total} in the board's life)"
+    if g.xid_errors:
+        ago = fmt.duration(max(now - g.last_xid_ts, 0.0)) if g.last_xid_ts else "?"
+        text += f" XID {g.last_xid} ({ago} ago, {g.xid_errors} in all)"
+    if g.throttle:
+        text += f" throttle {','.join(g.throttle)}"
+    return text
 
 
 def _counts_lines(c: Counts, now: float) -> list[str]:
@@ -293,20 +379,20 @@ def _counts_lines(c: Counts, now: float) -> list[str]:
         f"  {fmt.size(c.rate_bytes_s)}/s",
     ]
     eta = f"ETA {fmt.duration(c.eta_s)}"
-    if c.finish_ts is not None and c.eta_s:
+    if c.eta_frozen:
+        eta += f" (frozen: {c.eta_frozen})"
+    elif c.finish_ts is not None and c.eta_s:
         eta += f" (finish {fmt.clock_time(c.finish_ts, now)})"
     lines.append(f"{eta}  newest record {fmt.age(c.age_s)}")
     return lines
 
 
-def run(rows: list[Row], now: float, as_json: bool, stream: TextIO = sys.stdout) -> int:
-    doc, report = build(rows, now)
-    if as_json:
-        stream.write(to_json(doc).decode() + "\n")
-    else:
-        stream.write(render_text(doc, report, use_color(stream)))
-    stream.flush()
-    return report.exit_code
+def render(doc: OnceDoc, report: Report, fmt_name: str, stream: TextIO) -> str:
+    """``doc`` as ``text`` or ``json`` (the Prometheus format lives in
+    :mod:`eagle3top.prometheus`, which builds on this module)."""
+    if fmt_name == "json":
+        return to_json(doc).decode() + "\n"
+    return render_text(doc, report, use_color(stream))
 
 
-__all__ = ["OnceDoc", "build", "ev", "render_text", "run", "to_json"]
+__all__ = ["OnceDoc", "build", "ev", "render", "render_text", "status_line", "to_json"]

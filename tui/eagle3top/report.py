@@ -1,18 +1,21 @@
-"""The exit status of ``eagle3-top --once``, computed in one place (like black's report.py).
+"""The verdict: one report that ``eagle3-top --once`` prints and exits with, and that the TUI's
+header shows (like black's report.py: counting, exit status and wording in one object).
 
-Policy (monitoring-plugins convention, so ``--once`` doubles as a health check):
+Each shard's :func:`~eagle3top.model.health` gives a state, a level and a reason; the
+report adds what a state alone does not say, per shard with a live daemon:
 
-* **0 OK** - every shard is running healthily or finished;
-* **1 WARNING** - a shard is stalled (paused, or nothing saved / no record for a while),
-  was stopped cleanly with work left, more than 1 % of the samples finished in the last
-  5 minutes failed for good ("failures rising"), the rest of the job is projected not
-  to fit on disk, or a run finished with more failures than its ``--max-failed-fraction``;
-* **2 CRITICAL** - a daemon is down with work left (crashed: no lock holder, no socket),
-  a run failed (stopped with a non-zero exit code), the output filesystem is full, the run
-  is paused on a full or unwritable disk, or a run finished with every sample failed;
-* **3 UNKNOWN** - nothing to judge: no socket and no journal found (or a host unreachable).
+* "failures rising": more than 1 % of the samples finished in the last 5 minutes failed for
+  good (WARNING);
+* the output filesystem full (< 256 MiB free, CRITICAL) or the rest of the job projected not
+  to fit (WARNING);
+* a GPU XID error within the last hour (CRITICAL), uncorrected ECC errors since the driver
+  loaded, or a hardware slowdown / thermal / power-brake throttle (WARNING).
+* the run's own verdict on its failures (the finished state's level, from ``run_finished``'s
+  exit code 9: WARNING over ``--max-failed-fraction``, CRITICAL when every sample failed);
+* a pause on a full or unwritable disk (CRITICAL, in the state's level).
 
-When several apply the most severe wins in the order 2, 1, 3, 0.
+Policy (monitoring-plugins convention, so ``--once`` doubles as a health check): the exit
+status is the most severe level found, in the order 2 CRITICAL, 1 WARNING, 3 UNKNOWN, 0 OK.
 """
 
 from __future__ import annotations
@@ -22,23 +25,44 @@ from dataclasses import dataclass, field
 from eagle3proto.reducer import ShardState
 
 from . import fmt
-from .model import Row, health
+from .model import (
+    CRITICAL,
+    LEVEL_WORDS,
+    LOAD_LIMIT_S,
+    OK,
+    PRODUCER_CRITICAL_S,
+    SEVERITY,
+    UNKNOWN,
+    WARNING,
+    Health,
+    Row,
+    health,
+    rank,
+)
 
-OK, WARNING, CRITICAL, UNKNOWN = 0, 1, 2, 3
+__all__ = ["CRITICAL", "OK", "UNKNOWN", "WARNING", "Report", "recent_failures"]
+
 #: "Failures rising": more than this share of the samples finished in the window failed.
 FAILURE_WINDOW_S = 300.0
 FAILURE_SHARE = 0.01
-_DISK_WORDS = ("disk", "permission denied", "read-only", "i/o error")
+#: A GPU XID error is critical for this long after the daemon saw it.
+XID_CRITICAL_S = 3600.0
+#: Throttle reasons that mean the hardware is in trouble (not a normal power cap).
+HW_THROTTLE = ("hw_slowdown", "hw_thermal", "hw_power_brake")
 
-EXIT_CODES_HELP = """\
-exit codes (--once):
-  0  OK: running healthily, or finished
-  1  WARNING: stalled (paused, nothing saved for 120 s, or silent for 30 s), stopped
-     cleanly with work left, >1% of the samples of the last 5 min failed, disk
-     projected to run out, or finished with more failed than --max-failed-fraction
-  2  CRITICAL: daemon down with work left (no lock holder and no socket), run failed
-     (stopped with a non-zero exit code), output filesystem full, paused on a full or
-     unwritable disk, or finished with every sample failed
+EXIT_CODES_HELP = f"""\
+exit codes (--once), the most severe shard wins (2, then 1, 3, 0):
+  0  OK: running, finished, or starting / loading the model / waiting for the
+     producer for less than {LOAD_LIMIT_S / 60:.0f} min (longer while the load makes progress)
+  1  WARNING: paused, stalled (nothing saved for 120 s, or silent for 30 s, with the
+     producer up), stopped cleanly with work left, producer down (for less than
+     {PRODUCER_CRITICAL_S / 60:.0f} min), a load without progress past the limit, >1% of the
+     samples of the last 5 min failed, disk projected to run out, GPU ECC errors or
+     hardware throttling
+  2  CRITICAL: daemon down with work left, run failed (non-zero exit), output disk full,
+     producer down for {PRODUCER_CRITICAL_S / 60:.0f} min or never up after
+     {LOAD_LIMIT_S / 60:.0f} min, a GPU XID error in the last hour, paused on a full
+     or unwritable disk, or finished with every sample failed
   3  UNKNOWN: no socket and no journal found (or a remote host unreachable)
 """
 
@@ -53,12 +77,18 @@ def recent_failures(s: ShardState, now: float) -> tuple[int, int]:
 
 @dataclass
 class Report:
-    """What ``--once`` observed across all shards, and the exit status it implies."""
+    """What was observed across all shards, the verdict and the exit status it implies."""
 
     critical: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     unknown: list[str] = field(default_factory=list)
     ok: list[str] = field(default_factory=list)
+    #: Each shard's own health, in the order given.
+    health: list[tuple[Row, Health]] = field(default_factory=list)
+    #: Each shard's level once the checks are added (the health's, or worse).
+    levels: list[int] = field(default_factory=list)
+    #: Each shard's findings: (level, words without the shard's name or state, message).
+    findings: list[list[tuple[int, str, str]]] = field(default_factory=list)
 
     @classmethod
     def judge(cls, rows: list[Row], now: float) -> Report:
@@ -66,46 +96,72 @@ class Report:
         if not rows:
             r.unknown.append("no socket and no journal found")
         for row in rows:
-            r.add(row, now)
+            r.add(row, now, prefix=len(rows) > 1)
         return r
 
-    def add(self, row: Row, now: float) -> None:
+    def _say(self, level: int, text: str) -> None:
+        {CRITICAL: self.critical, WARNING: self.warnings, UNKNOWN: self.unknown}.get(
+            level, self.ok
+        ).append(text)
+
+    def add(self, row: Row, now: float, prefix: bool = True) -> None:
         h = health(row, now)
-        who = row.label
-        if h.state == "unknown":
-            self.unknown.append(f"{who}: {h.reason}")
-            return
+        self.health.append((row, h))
+        who = f"{row.label}: " if prefix else ""
+        level = h.level
+        message = f"{who}{h.state.replace('_', ' ')}: {h.reason}"
+        found = [(h.level, h.reason, message)]
+        if h.level != OK or h.state == "unknown":
+            self._say(h.level, message)
+        for lvl, text in self._checks(row, h, now):
+            self._say(lvl, f"{who}{text}")
+            found.append((lvl, text, f"{who}{text}"))
+            level = min(level, lvl, key=SEVERITY.index)
+        if level == OK:
+            self.ok.append(f"{who}{h.state}")
+        self.levels.append(level)
+        self.findings.append(found)
+
+    def _checks(self, row: Row, h: Health, now: float) -> list[tuple[int, str]]:
+        """What the state alone does not say, for a shard whose daemon is (or may be) up."""
         s = row.state
-        assert s is not None
-        v = row.view(now)
-        if h.state == "down":
-            self.critical.append(f"{who}: down: {h.reason}")
-        elif h.state == "stopped":
-            (self.critical if s.stop_code else self.warnings).append(f"{who}: {h.reason}")
-        elif h.state == "stalled":
-            # Paused on a full or unwritable disk (the daemon's reason names it): critical.
-            bucket = (
-                self.critical if any(w in h.reason.lower() for w in _DISK_WORDS) else self.warnings
-            )
-            bucket.append(f"{who}: stalled: {h.reason}")
-        if h.state in ("running", "stalled"):
-            failed, done = recent_failures(s, now)
-            if failed and failed > FAILURE_SHARE * done:
-                self.warnings.append(
-                    f"{who}: failures rising: {failed} of the last {done} samples failed"
-                    f" ({FAILURE_WINDOW_S / 60:.0f} min)"
+        if s is None or h.state in ("finished", "stopped", "down", "unknown"):
+            return []
+        out: list[tuple[int, str]] = []
+        failed, done = recent_failures(s, now)
+        if failed and failed > FAILURE_SHARE * done:
+            out.append(
+                (
+                    WARNING,
+                    f"failures rising: {failed} of the last {done} samples failed"
+                    f" ({FAILURE_WINDOW_S / 60:.0f} min)",
                 )
-            proj = fmt.project_disk(v, fmt.find_disk(s.stats, "output"))
-            if proj is not None and proj.full:
-                self.critical.append(f"{who}: output disk full ({fmt.size(proj.free_bytes)} free)")
-            elif proj is not None and proj.fits is False:
-                self.warnings.append(f"{who}: disk {proj.describe()}")
-        if h.state == "finished" and s.finish_code:
-            # The daemon's own verdict (eagle3d run exit 9): finished is not success.
-            what = f"finished with {v.failed} of {v.total} samples failed ({v.saved} saved)"
-            (self.critical if v.saved == 0 else self.warnings).append(f"{who}: {what}")
-        elif h.state in ("running", "finished"):
-            self.ok.append(f"{who}: {h.state}")
+            )
+        proj = fmt.project_disk(row.view(now), fmt.find_disk(s.stats, "output"))
+        if proj is None or (proj.full and h.state == "paused"):
+            pass  # paused on that full disk: the pause already says so
+        elif proj.full:
+            out.append((CRITICAL, f"output disk full ({fmt.size(proj.free_bytes)} free)"))
+        elif proj.fits is False:
+            out.append((WARNING, f"disk {proj.describe()}"))
+        for g in s.stats.gpus if s.stats else []:
+            if g.last_xid_ts and now - g.last_xid_ts <= XID_CRITICAL_S:
+                ago = fmt.duration(max(now - g.last_xid_ts, 0.0))
+                out.append(
+                    (
+                        CRITICAL,
+                        f"gpu{g.index}: XID {g.last_xid} {ago} ago"
+                        f" ({g.xid_errors} since the daemon started)",
+                    )
+                )
+            if g.ecc_errors:
+                out.append((WARNING, f"gpu{g.index}: {g.ecc_errors} uncorrected ECC errors"))
+            hw = [t for t in g.throttle if t in HW_THROTTLE]
+            if hw:
+                out.append((WARNING, f"gpu{g.index}: throttled ({', '.join(hw)})"))
+        return out
+
+    # -- the verdict ---------------------------------------------------------------------------
 
     @property
     def exit_code(self) -> int:
@@ -118,10 +174,62 @@ class Report:
         return OK
 
     @property
+    def level_word(self) -> str:
+        return LEVEL_WORDS[self.exit_code]
+
+    def _top(self) -> int | None:
+        """The shard the verdict is about: the most alarming level, then state."""
+        if not self.health:
+            return None
+        return min(
+            range(len(self.health)), key=lambda i: rank(self.levels[i], self.health[i][1].state)
+        )
+
+    @property
+    def state(self) -> str:
+        """One word for all shards: the state of the most alarming one."""
+        k = self._top()
+        return self.health[k][1].state if k is not None else "unknown"
+
+    def _top_finding(self) -> tuple[int, str, str] | None:
+        k = self._top()
+        if k is None:
+            return None
+        level = self.levels[k]
+        return next((f for f in self.findings[k] if f[0] == level and f[1]), None)
+
+    @property
+    def reason(self) -> str:
+        """Why, in words that follow the state: the deciding shard's most severe finding
+        (named when there are several shards)."""
+        k = self._top()
+        if k is None:
+            return self.unknown[0] if self.unknown else ""
+        top = self._top_finding()
+        if top is None:
+            return ""
+        row = self.health[k][0]
+        return f"{row.label}: {top[1]}" if len(self.health) > 1 else top[1]
+
+    @property
+    def others(self) -> list[tuple[int, str]]:
+        """The messages besides the one :attr:`reason` tells, most severe first, with levels."""
+        top = self._top_finding()
+        skip = top[2] if top is not None else None
+        return [
+            (lvl, m)
+            for lvl, msgs in (
+                (CRITICAL, self.critical),
+                (WARNING, self.warnings),
+                (UNKNOWN, self.unknown),
+            )
+            for m in msgs
+            if m != skip
+        ]
+
+    @property
     def messages(self) -> list[str]:
         return [*self.critical, *self.warnings, *self.unknown]
 
     def __str__(self) -> str:
-        word = {OK: "OK", WARNING: "WARNING", CRITICAL: "CRITICAL", UNKNOWN: "UNKNOWN"}
-        head = word[self.exit_code]
-        return "\n".join([head, *(f"  {m}" for m in self.messages)])
+        return "\n".join([self.level_word, *(f"  {m}" for m in self.messages)])

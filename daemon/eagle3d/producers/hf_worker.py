@@ -215,6 +215,9 @@ class Worker:
         # the host on a GPU (half the bytes over PCIe), in the dump writer on a CPU (no cast
         # of the padding); either way the dump carries half the bytes of float32.
         self.store = storedtype.get(args.store_dtype) if args.store_dtype else None
+        slow = faults.armed("worker_slow_load")
+        if slow is not None:
+            time.sleep(slow.n / 1000)
         model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype)
         model.eval().to(self.device)
         self.model = model

@@ -5,13 +5,20 @@ rid ``e3d.<send>.<T>.<digest>.<rid>`` (:func:`eagle3d.sglang_hook.sglang_rid`); 
 server writes the dump named ``<rid>``, which the daemon picks up from the dump directory. The
 HTTP answer only tells failures apart:
 
-* the server is unreachable (refused, reset, 502/503/504): the producer reports
+* not up yet at start (refused, reset, 502/503/504): ``producer_state("waiting", "waiting for
+  SGLang at URL (N s)")`` at once and every 10 s until it answers, then ``"up"``; an address
+  that answers but is not SGLang (a 404 to ``/server_info`` and ``/get_server_info``, a body
+  that is not SGLang's) is :class:`NotSGLang`, which stops the daemon with exit 8;
+* the server is unreachable later (refused, reset, 502/503/504): the producer reports
   ``producer_state("down")`` once and keeps resending with exponential back-off, without
   failing the sample; ``"up"`` when the server answers again;
 * the sample is bad (HTTP 400/413/422, e.g. longer than the context): ``request_failed(...,
   retryable=False)``;
 * other errors (500, an aborted request, a prefix-cache hit, a timeout): ``request_failed(...,
-  retryable=True)``; the daemon decides how many attempts a sample gets.
+  retryable=True)``; the daemon decides how many attempts a sample gets;
+* an answered request whose dump does not come: ``DumpWriteError`` with the reason the hook
+  left in its failure marker (``ENOSPC: ...``, see :mod:`eagle3d.sglang_hook`) as soon as the
+  marker is seen, else ``DumpMissing`` after the grace, naming the dump area's free space.
 
 A poller reads ``/server_info`` (``/get_server_info`` on servers without it) and ``/metrics``
 into :meth:`health` ``detail``: prompt tokens total and rate, running and queued requests.
@@ -22,20 +29,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import random
 import re
 import time
+import urllib.parse
 from typing import Any
 
 import httpx
 from eagle3proto.events import ProducerHealth
 
-from ..sglang_hook import FACTORY, sglang_rid
+from ..sglang_hook import FACTORY, parse_failure_marker, sglang_rid
 from .base import DumpGrace, Producer, ProducerEvents, Request
 
 log = logging.getLogger("eagle3d.producers.sglang")
+# httpx logs every request at INFO: thousands of lines a minute in the daemon's log, and the
+# CPU to format them taken from the server beside it.
+logging.getLogger("httpx").setLevel(logging.WARNING)
 
 BAD_SAMPLE = (400, 413, 422)
 SERVER_DOWN = (502, 503, 504)
@@ -50,6 +62,36 @@ METRICS = {
 
 class ServerUnfit(RuntimeError):
     """The server runs without the capture hook, or writes dumps somewhere else."""
+
+
+class NotSGLang(ServerUnfit):
+    """The address answers HTTP, but not as an SGLang server does."""
+
+
+WAITING_EVERY_S = 10.0  # how often "waiting for SGLang at URL (N s)" is said while it is not up
+STALE_MARKER_S = 600.0  # a failure marker nobody read in this long belongs to no live client
+
+
+def server_url_problem(url: str) -> str | None:
+    """Why ``url`` cannot be an SGLang server's address (``http[s]://HOST[:PORT]``), or None."""
+    try:
+        u = urllib.parse.urlsplit(url)
+        port = u.port
+    except ValueError as e:
+        return f"{url!r} is not a URL ({e}); want http://HOST:PORT"
+    if u.scheme not in ("http", "https"):
+        return f"{url!r}: want an http:// or https:// URL such as http://127.0.0.1:30000"
+    if not u.hostname:
+        return f"{url!r} names no host; want http://HOST:PORT"
+    if u.query or u.fragment or u.path not in ("", "/"):
+        return f"{url!r}: want the server's base URL, http://HOST:PORT, without a path"
+    del port
+    return None
+
+
+def _excerpt(r: httpx.Response, n: int = 120) -> str:
+    text = " ".join(r.text.split())
+    return text[:n] + ("..." if len(text) > n else "")
 
 
 _SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{[^}]*\})?\s+(\S+)")
@@ -123,7 +165,7 @@ class SGLangProducer(Producer):
         concurrency: int = 32,
         request_timeout: float = 600.0,
         transport: httpx.AsyncBaseTransport | None = None,
-        start_timeout: float = 300.0,
+        start_timeout: float = 3600.0,
         poll_interval: float = 2.0,
         backoff: tuple[float, float] = (0.5, 15.0),
     ) -> None:
@@ -164,16 +206,7 @@ class SGLangProducer(Producer):
             timeout=httpx.Timeout(self.request_timeout, connect=10.0),
             limits=limits,
         )
-        deadline = time.monotonic() + self.start_timeout
-        while True:
-            try:
-                info = await self._server_info()
-                break
-            except (httpx.TransportError, httpx.HTTPStatusError) as e:
-                if time.monotonic() > deadline:
-                    await self.client.aclose()
-                    raise ConnectionError(f"SGLang server at {self.url} not reachable: {e}") from e
-                await asyncio.sleep(1.0)
+        info = await self._wait_for_server()
         try:
             version = check_server_info(info, self.dump_dir, self.aux_layers)
         except ServerUnfit:
@@ -182,6 +215,37 @@ class SGLangProducer(Producer):
         self.detail["server_version"] = version
         self._set_up(True, f"SGLang {version} at {self.url}")
         self._poller = asyncio.create_task(self._poll())
+
+    async def _wait_for_server(self) -> dict[str, Any]:
+        """``/server_info`` once the server answers; "waiting" every 10 s until then.
+
+        Raises :class:`NotSGLang` at once for an address that answers as something else, and
+        ConnectionError after ``start_timeout`` seconds without an answer.
+        """
+        assert self.client is not None
+        t0 = time.monotonic()
+        said = -WAITING_EVERY_S
+        while True:
+            try:
+                return await self._server_info(starting=True)
+            except NotSGLang:
+                await self.client.aclose()
+                raise
+            except (httpx.TransportError, httpx.HTTPStatusError) as e:
+                waited = time.monotonic() - t0
+                if waited > self.start_timeout:
+                    await self.client.aclose()
+                    raise ConnectionError(
+                        f"SGLang at {self.url} did not answer within {self.start_timeout:.0f} s: "
+                        f"{_why(e)}"
+                    ) from e
+                if waited - said >= WAITING_EVERY_S:
+                    said = waited
+                    if self.events is not None:
+                        self.events.producer_state(
+                            "waiting", f"waiting for SGLang at {self.url} ({waited:.0f} s)"
+                        )
+                await asyncio.sleep(1.0)
 
     async def stop(self) -> None:
         for t in list(self.tasks.values()):
@@ -313,10 +377,54 @@ class SGLangProducer(Producer):
         self._grace.arrived(rid, time.monotonic())
 
     def missing_dumps(self, now: float) -> None:
-        """Answered requests whose dump never arrived: failed (retryable) after the grace."""
+        """Answered requests whose dump is not coming: the hook's failure marker says why at
+        once; without one, failed (retryable) as ``DumpMissing`` after the grace."""
+        awaiting = self._grace.awaiting
+        if awaiting:
+            for rid, reason in self._markers(set(awaiting)).items():
+                self._grace.forget(rid)
+                self._failed(rid, "DumpWriteError", self._marker_message(reason), True)
         for rid in self._grace.late(now):
             why = f"/generate answered {self._grace.grace:.0f} s ago and no dump arrived"
-            self._failed(rid, "DumpMissing", why, True)
+            self._failed(rid, "DumpMissing", f"{why}; {self._dump_area()}", True)
+
+    def _markers(self, rids: set[str]) -> dict[str, str]:
+        """Failure markers the hook left for these requests (each removed once read)."""
+        try:
+            names = os.listdir(self.dump_dir)
+        except OSError:
+            return {}
+        found: dict[str, str] = {}
+        for name in names:
+            parsed = parse_failure_marker(name)
+            if parsed is None:
+                continue
+            path = os.path.join(self.dump_dir, name)
+            if parsed[0] in rids:
+                found[parsed[0]] = parsed[1]
+            else:
+                try:  # another shard's (read within seconds by its client), or stale
+                    if time.time() - os.stat(path).st_mtime < STALE_MARKER_S:
+                        continue
+                except OSError:
+                    continue
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        return found
+
+    def _marker_message(self, reason: str) -> str:
+        if reason == "LOST":
+            return "the server's hook lost the request's earlier chunks (see the server log)"
+        text = os.strerror(getattr(errno, reason)) if hasattr(errno, reason) else "failed"
+        where = self._dump_area()
+        return f"the server's hook could not write the dump: {reason}: {text}; {where}"
+
+    def _dump_area(self) -> str:
+        try:
+            st = os.statvfs(self.dump_dir)
+        except OSError as e:
+            return f"dump area {self.dump_dir}: {e.strerror}"
+        return f"dump area {self.dump_dir} has {st.f_bavail * st.f_frsize} bytes free"
 
     def _failed(self, rid: str, error: str, message: str, retryable: bool) -> None:
         self._grace.forget(rid)
@@ -344,15 +452,41 @@ class SGLangProducer(Producer):
             detail=dict(self.detail),
         )
 
-    async def _server_info(self) -> dict[str, Any]:
+    async def _server_info(self, starting: bool = False) -> dict[str, Any]:
+        """``GET /server_info`` (``/get_server_info`` on older servers) as a dict.
+
+        ``starting``: an answer that no SGLang gives (a 404 on both paths, another 4xx, a body
+        that is not a JSON object with SGLang's keys) raises :class:`NotSGLang`, naming what
+        was answered; 502/503/504 and transport errors raise as usual (not up yet).
+        """
         assert self.client is not None
         r = await self.client.get(self._info_path, timeout=10.0)
         if r.status_code == 404 and self._info_path == "/server_info":
-            self._info_path = "/get_server_info"  # older servers
-            r = await self.client.get(self._info_path, timeout=10.0)
+            first = r
+            r = await self.client.get("/get_server_info", timeout=10.0)
+            if r.status_code != 404:
+                self._info_path = "/get_server_info"  # older servers
+            elif starting:
+                raise NotSGLang(
+                    f"{self.url} is not an SGLang server: GET /server_info answered HTTP 404 "
+                    f"({_excerpt(first)!r}) and GET /get_server_info HTTP 404 ({_excerpt(r)!r})"
+                )
+        if starting and r.status_code not in SERVER_DOWN and r.status_code >= 400:
+            raise NotSGLang(
+                f"{self.url} is not an SGLang server: GET {r.request.url.path} answered HTTP "
+                f"{r.status_code} ({_excerpt(r)!r})"
+            )
         r.raise_for_status()
-        info = r.json()
-        if not isinstance(info, dict):
+        try:
+            info = r.json()
+        except ValueError:
+            info = None
+        if not isinstance(info, dict) or not ({"version", "model_path"} & info.keys()):
+            if starting:
+                raise NotSGLang(
+                    f"{self.url} is not an SGLang server: GET {r.request.url.path} answered HTTP "
+                    f"{r.status_code} with {_excerpt(r)!r}, not SGLang's server info"
+                )
             raise httpx.HTTPStatusError(
                 "server_info is not an object", request=r.request, response=r
             )
@@ -398,7 +532,7 @@ class SGLangProducer(Producer):
         if total is not None:
             per_s = rate(self._prompt_prev, total, now)
             if per_s is not None:
-                self.detail["prompt_tokens_s"] = per_s
+                self.detail["prompt_tokens_s"] = round(per_s, 1)
             self._prompt_prev = (now, total)
 
 
@@ -410,3 +544,9 @@ def _error_text(r: httpx.Response) -> str:
         return str(msg)[:300]
     except ValueError:
         return r.text[:300]
+
+
+def _why(e: Exception) -> str:
+    if isinstance(e, httpx.HTTPStatusError):
+        return f"HTTP {e.response.status_code}"
+    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
