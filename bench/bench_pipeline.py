@@ -502,11 +502,11 @@ def commit_rows(base: Path, model: Path, rounds: int) -> list[tuple[str, str, st
     got: dict[str, list[float]] = {k: [] for k in ("link", "write", "direct", "buffered")}
     per = 0.0
     for r in range(rounds):
-        os.environ["EAGLE3D_SYNTHETIC_LINK"] = "1"
+        ENV["EAGLE3D_SYNTHETIC_LINK"] = "1"  # the daemon's environment (run_daemon's)
         try:
             c = run_daemon(big, str(same), base / "out-commit", *args, dumps=shm)
         finally:
-            del os.environ["EAGLE3D_SYNTHETIC_LINK"]
+            del ENV["EAGLE3D_SYNTHETIC_LINK"]
         w = run_daemon(big, varied, base / "out-commit", *args, dumps=shm)
         direct = dd_rate(base, int(c["bytes"]), "oflag=direct")
         buffered = dd_rate(base, int(c["bytes"]))

@@ -366,14 +366,15 @@ def fill(p: Plan, mv: memoryview) -> None:
         mv[off : off + len(data)] = data
 
 
-def seal(p: Plan, mv: memoryview) -> Written:
+def seal(p: Plan, mv: memoryview, known: dict[int, int] | None = None) -> Written:
     """Finish the archive in ``mv`` once the slots hold the tensors' bytes: a fresh
-    serialization id, every variable record's CRC-32 patched in, the file's CRC-32."""
+    serialization id, every variable record's CRC-32 patched in, the file's CRC-32.
+    ``known`` maps slot offsets to their CRC-32 where the caller computed it already."""
     serial = int.from_bytes(os.urandom(16), "little")
     mv[p.serial : p.serial + 40] = f"{serial:040d}".encode()
     crcs = []
     for off, n, local, central in p.variable:
-        crc = crc32(mv[off : off + n], 0)
+        crc = known[off] if known and off in known else crc32(mv[off : off + n], 0)
         struct.pack_into("<I", mv, local, crc)
         struct.pack_into("<I", mv, central, crc)
         crcs.append(crc)

@@ -184,20 +184,17 @@ def all_finite(x: torch.Tensor, chunk: int = 1 << 20) -> bool:
 
 
 def finite_bits(bits: np.ndarray, mask: int, chunk: int = 1 << 17) -> bool:
-    """True when no element of ``bits`` (floats viewed as integers) has every bit of the
-    exponent ``mask`` set, i.e. none is NaN or Inf.
+    """True when no element of ``bits`` (floats viewed as signed integers) has every bit
+    of the exponent ``mask`` set, i.e. none is NaN or Inf.
 
-    ``bits & mask`` is at most ``mask``, and equal to it exactly for a NaN or an Inf: so
-    the largest masked value says it, one reduction instead of a comparison's boolean
-    array and its ``any`` (two passes over each chunk instead of three: 0.7 of the time)."""
-    import numpy as np
-
-    tmp = np.empty(min(chunk, bits.size), dtype=bits.dtype)
-    for i in range(0, bits.size, chunk):  # cache-sized chunks, one reused temporary
-        part = bits[i : i + chunk]
-        t = tmp[: part.size]
-        np.bitwise_and(part, mask, out=t)
-        if t.max() == mask:
+    Two read-only reductions per chunk, no temporary: a positive NaN or Inf is a signed
+    value of at least ``mask`` (finite positives are below it, negatives below zero), a
+    negative one an unsigned value of at least ``sign | mask`` (finite negatives are
+    below it, positives below ``sign``)."""
+    unsigned = bits.view(bits.dtype.str.replace("i", "u"))
+    top = (1 << (8 * bits.itemsize - 1)) | mask
+    for i in range(0, bits.size, chunk):  # cache-sized chunks: both reductions hit cache
+        if bits[i : i + chunk].max() >= mask or unsigned[i : i + chunk].max() >= top:
             return False
     return True
 
