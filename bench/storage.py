@@ -175,11 +175,23 @@ def part_error(demo: dict[str, Path]) -> list[str]:
     def cell(xs: list[float]) -> str:
         return f"{statistics.median(xs) * 100:.2f} % ({max(xs) * 100:.2f} %)"
 
+        for groups in (1, 3):  # the format, and one scale per captured layer
+            q, s = fp8.quantize(a["aux_hidden_state"], groups)
+            deq = fp8.dequantize(q, s, torch.float32)
+            got.setdefault(f"groups {groups}", []).append(errors(a["aux_hidden_state"], deq))
+
     n = len(got["hidden_state"])
-    for key, xs in got.items():
+    for key in ("hidden_state", "aux_hidden_state"):
+        xs = got[key]
         rows.append(
             f"| the demo run's fp8 files read back (bf16) against its bf16 files, {n} samples "
             f"| `{key}` | {cell([x[0] for x in xs])} | {cell([x[1] for x in xs])} |"
+        )
+    for groups, what in ((1, "one scale per token (the format)"), (3, "one per captured layer")):
+        xs = got[f"groups {groups}"]
+        rows.append(
+            f"| the demo run's bf16 states quantized (float32 result), {what} "
+            f"| `aux_hidden_state` | {cell([x[0] for x in xs])} | {cell([x[1] for x in xs])} |"
         )
     # Heavy-tailed rows: N(0, 1) with 2 of every 4096 channels at 1,000x in each layer.
     g = torch.Generator().manual_seed(0)
