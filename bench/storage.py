@@ -171,14 +171,13 @@ def part_error(demo: dict[str, Path]) -> list[str]:
         b = load_sample(cat["fp8"].path(e))
         for key in ("hidden_state", "aux_hidden_state"):
             got.setdefault(key, []).append(errors(a[key], b[key]))
-
-    def cell(xs: list[float]) -> str:
-        return f"{statistics.median(xs) * 100:.2f} % ({max(xs) * 100:.2f} %)"
-
         for groups in (1, 3):  # the format, and one scale per captured layer
             q, s = fp8.quantize(a["aux_hidden_state"], groups)
             deq = fp8.dequantize(q, s, torch.float32)
             got.setdefault(f"groups {groups}", []).append(errors(a["aux_hidden_state"], deq))
+
+    def cell(xs: list[float]) -> str:
+        return f"{statistics.median(xs) * 100:.2f} % ({max(xs) * 100:.2f} %)"
 
     n = len(got["hidden_state"])
     for key in ("hidden_state", "aux_hidden_state"):
