@@ -344,7 +344,7 @@ log "   finished $(( $(date +%s) - t )) s after the last start"
 # A run that wedged at its end and was killed by the watchdog would also end in 'success'
 # here (the restarted daemon finds the job done): the last start must not have restarted.
 [ "$(prop NRestarts)" = 0 ] || die "the last run was restarted $(prop NRestarts) times"
-journal_has "finished: $SAMPLES saved, 0 failed of $SAMPLES" || die "no 'finished' line in the journal"
+journal_has "finished: saved $SAMPLES / $SAMPLES (100 %), 0 failed" || die "no 'finished' line in the journal"
 "$VENV/bin/eagle3d" verify --output "$WORK/out" || die "eagle3d verify failed"
 "$VENV/bin/python" - "$WORK/out" "$SAMPLES" <<'PY' || die "samples missing or duplicated"
 import os
