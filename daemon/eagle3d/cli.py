@@ -16,6 +16,8 @@ from . import __version__
 COMMAND_MODULES = (
     "eagle3d.runner",
     "eagle3d.verify",
+    "eagle3d.plan",
+    "eagle3d.export",
     "eagle3d.demo",
     "eagle3d.tinymodel",
     "eagle3d.sglang_launch",
@@ -34,6 +36,8 @@ exit codes of `eagle3d run`:
   7  the output holds a job of another shard count (one layout per output)
   8  producer could not start
   9  finished, but every sample failed or more than --max-failed-fraction did
+ 10  the job does not fit on the output filesystem with --space-reserve (eagle3d plan
+     says how much it needs; --no-space-check starts anyway)
 """
 
 

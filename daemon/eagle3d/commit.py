@@ -12,7 +12,9 @@ per row directory for all of it.
 The states are written in the job's storage format (:mod:`eagle3d.storedtype`): a dump that
 arrives in another float dtype is cast on its way into the archive (in
 :func:`eagle3d.splice.stage`, within the read it already does), and the NaN/Inf check runs
-on what is stored, so a float16 overflow is caught too.
+on what is stored, so a float16 overflow is caught too. The fp8 format quantizes the
+states (:mod:`eagle3d.fp8`) in that same read, or here on the general path after the
+checks, and writes their scales beside them.
 """
 
 from __future__ import annotations
@@ -32,10 +34,10 @@ from typing import TYPE_CHECKING, Any
 
 from eagle3proto.paths import TMP_MARK, sample_relpath
 
-from . import ckpt, faults, splice, storedtype
+from . import ckpt, faults, fp8, splice, storedtype
 from .crc import crc32
 from .dump import BadDump, Dump, read_dump
-from .storedtype import StoreFormat
+from .storedtype import SCALE_SUFFIX, StoreFormat
 
 if TYPE_CHECKING:
     import numpy as np
@@ -181,17 +183,18 @@ def all_finite(x: torch.Tensor, chunk: int = 1 << 20) -> bool:
     return finite_bits(bits, spec[1], chunk)
 
 
-def finite_bits(bits: np.ndarray, mask: int, chunk: int = 1 << 20) -> bool:
-    """True when no element of ``bits`` (floats viewed as integers) has every bit of the
-    exponent ``mask`` set, i.e. none is NaN or Inf."""
-    import numpy as np
+def finite_bits(bits: np.ndarray, mask: int, chunk: int = 1 << 17) -> bool:
+    """True when no element of ``bits`` (floats viewed as signed integers) has every bit
+    of the exponent ``mask`` set, i.e. none is NaN or Inf.
 
-    tmp = np.empty(min(chunk, bits.size), dtype=bits.dtype)
-    for i in range(0, bits.size, chunk):  # cache-sized chunks, one reused temporary
-        part = bits[i : i + chunk]
-        t = tmp[: part.size]
-        np.bitwise_and(part, mask, out=t)
-        if (t == mask).any():
+    Two read-only reductions per chunk, no temporary: a positive NaN or Inf is a signed
+    value of at least ``mask`` (finite positives are below it, negatives below zero), a
+    negative one an unsigned value of at least ``sign | mask`` (finite negatives are
+    below it, positives below ``sign``)."""
+    unsigned = bits.view(bits.dtype.str.replace("i", "u"))
+    top = (1 << (8 * bits.itemsize - 1)) | mask
+    for i in range(0, bits.size, chunk):  # cache-sized chunks: both reductions hit cache
+        if bits[i : i + chunk].max() >= mask or unsigned[i : i + chunk].max() >= top:
             return False
     return True
 
@@ -431,8 +434,10 @@ class Committer:
             ckpt.flush_direct(fd, view, size)
 
     def _stored(self, dump: Dump) -> Dump:
-        """The dump with its states in the storage format (the same object if they are)."""
-        if self.store is None:
+        """The dump with its states in the storage format (the same object if they are).
+        fp8 states stay as dumped: they are quantized from them when the archive is built
+        (as the splice does), and a scaled format cannot overflow."""
+        if self.store is None or self.store.scaled:
             return dump
         aux = dump.aux_hidden_state
         hid = dump.hidden_state
@@ -458,6 +463,8 @@ class Committer:
             "hidden_state": dump.hidden_state.contiguous().unsqueeze(0),
             "aux_hidden_state": dump.aux_hidden_state.contiguous().unsqueeze(0),
         }
+        if self.store is not None and self.store.scaled:
+            payload.update(_quantized(payload))
         fits = ckpt.fits(payload)
 
         def write(fd: int, direct: bool) -> tuple[int, str]:
@@ -500,6 +507,18 @@ class Committer:
         if self.direct:
             self.direct = False
             log.info("direct I/O refused under %s (%s): buffered writes", self.output, why)
+
+
+def _quantized(payload: dict[str, Any]) -> dict[str, Any]:
+    """The fp8 format's states and scales (one per token per tensor) for a payload's."""
+    hid, aux = payload["hidden_state"], payload["aux_hidden_state"]
+    (q_hid, s_hid), (q_aux, s_aux) = fp8.quantize(hid), fp8.quantize(aux)
+    return {
+        "hidden_state": q_hid,
+        "aux_hidden_state": q_aux,
+        "hidden_state" + SCALE_SUFFIX: s_hid,
+        "aux_hidden_state" + SCALE_SUFFIX: s_aux,
+    }
 
 
 def _nbytes(payload: dict[str, Any]) -> int:

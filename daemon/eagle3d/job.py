@@ -23,7 +23,7 @@ from .preflight import EXIT_CONFIG, EXIT_FAILED, EXIT_FINGERPRINT, EXIT_OK, Fata
 PENDING, SAVED, FAILED, SKIPPED = 0, 1, 2, 3
 
 #: JobInfo fields shown when a fingerprint differs (the fingerprint also covers the model).
-_COMPARED = (
+COMPARED = (
     "dataset",
     "dataset_bytes",
     "dataset_sha",
@@ -166,7 +166,7 @@ def check_fingerprint(last: ev.RunStarted | None, job: ev.JobInfo, force: bool, 
         return ""
     diffs = [
         f"{k}: {getattr(last.job, k)!r} -> {getattr(job, k)!r}"
-        for k in _COMPARED
+        for k in COMPARED
         if getattr(last.job, k) != getattr(job, k)
     ]
     what = "; ".join(diffs) or "model config changed"

@@ -43,6 +43,7 @@ from .preflight import (
     EXIT_OK,
     EXIT_OUTPUT,
     EXIT_PRODUCER,
+    EXIT_SPACE,
     Fatal,
     ShardLock,
     check_dataset,
@@ -239,6 +240,42 @@ class Daemon:
         )
         if forced:
             log.warning("resuming a changed job because of --force-resume (%s)", forced)
+        if not cfg.no_space_check:
+            await self._check_space(facts)
+
+    async def _check_space(self, facts: job.JobFacts) -> None:
+        """Refuse (exit 10) a job whose remaining samples do not fit on the output's
+        filesystem with the reserve (eagle3d.plan, on this shard's pending rows)."""
+        from . import plan, sizing
+
+        self._notify("status", "checking the space the job needs")
+        try:
+            report = await asyncio.to_thread(
+                plan.check_run, self.cfg, facts, self.shard, self.output, self.status
+            )
+        except Exception as e:  # the check must never be why a job cannot start
+            log.warning("space check skipped: %s: %s", type(e).__name__, e)
+            return
+        need = sizing.size(report.bytes)
+        if report.disk is None:
+            log.warning("space check skipped: free space of %s unknown", self.output)
+        elif report.fits is False:
+            raise Fatal(
+                EXIT_SPACE,
+                f"the job does not fit: {need} still to write, {sizing.size(report.disk.free)}"
+                f" free on {report.disk.path}, reserve {sizing.size(report.reserve)}"
+                " (eagle3d plan with the same arguments says more; --no-space-check"
+                " starts anyway, and the run pauses when the disk is full)",
+            )
+        else:
+            how = f"a sample of {report.tokenized:,} rows" if report.sampled else "every row"
+            log.info(
+                "space: %s still to write (from %s), %s free on %s",
+                need,
+                how,
+                sizing.size(report.disk.free),
+                report.disk.path,
+            )
 
     def _shard_ids(self) -> range:
         return range(self.shard.index, len(self.status), self.shard.count)
@@ -1310,12 +1347,18 @@ def cmd_run(args: argparse.Namespace) -> int:
         log.error("%s", e)
         return EXIT_CONFIG
     try:
-        return asyncio.run(Daemon(cfg).run())
+        code = asyncio.run(Daemon(cfg).run())
     except Fatal as e:
         log.error("%s", e)
         return e.code
     except KeyboardInterrupt:
         return EXIT_OK
+    # The run is over and its exit status decided: a stop that arrives while the interpreter
+    # winds down (the loop's handlers are gone) has nothing left to stop, and must not turn
+    # a finished run into a death by signal (exit -15, or a KeyboardInterrupt traceback).
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    return code
 
 
 def run_job(cfg: config.JobConfig) -> int:

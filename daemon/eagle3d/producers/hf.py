@@ -266,7 +266,8 @@ class HFProducer(Producer):
         now = time.monotonic()
         if op == "ready":
             assert w.ready is not None
-            w.ready.set_result(msg)
+            if not w.ready.done():  # a stop during the load cancelled the wait for it
+                w.ready.set_result(msg)
         elif op == "fatal":
             assert w.ready is not None
             if not w.ready.done():
