@@ -7,8 +7,10 @@ measured in the same run on this machine.
   (send one request, wait for its dump, load it, ``torch.save``, next) on the same producer.
 * ``gpu-like``: the same comparison against a producer modelled on a GPU server (a fixed
   0.3 s per batch, as the seed story's ``req_time``), where overlapping saves is what matters.
-* ``commit``: committed MB/s with the synthetic producer (dumps at memory speed) against
-  ``dd`` with ``conv=fdatasync`` writing the same number of bytes to the same disk.
+* ``commit``: committed MB/s with the synthetic producer against ``dd bs=16M oflag=direct``
+  writing the same bytes to the same disk (what the disk takes), interleaved rounds
+  (``--rounds``); see :func:`commit_rows`. ``bench/commit_breakdown.py`` takes the commit
+  path apart layer by layer against the same baseline.
 * ``rss``: peak RSS of the daemon process for a small and a 10x larger dataset.
 
     .venv/bin/python bench/bench_pipeline.py [forward|serial|commit|rss|all] [--markdown]
@@ -145,13 +147,19 @@ def daemon_layout(model: Path, device: str = "cpu") -> tuple[int, int]:
 
 
 def run_daemon(
-    model: Path, dataset: str, out: Path, *extra: str, watch: Callable[[int], Any] | None = None
+    model: Path,
+    dataset: str,
+    out: Path,
+    *extra: str,
+    watch: Callable[[int], Any] | None = None,
+    dumps: str = "",
 ) -> dict[str, Any]:
     """Run ``eagle3d run`` on a fresh ``out``; rates over the working span (first send ..
     finish, also returned as ``first`` and ``end``) from the journal. A previous run's output
     is removed first: resuming it would be a no-op, not a measurement. ``watch(pid)``, if
     given, starts a sampler of the daemon's process with a ``stop()`` called once it ended."""
-    for stale in (out, Path(str(out) + "-dumps")):
+    dump_dir = dumps or str(out) + "-dumps"
+    for stale in (out, Path(dump_dir)):
         shutil.rmtree(stale, ignore_errors=True)
     # The previous round's deletions are flushed before the clock starts: on a disk mounted
     # with 'discard' (this machine's) they otherwise land inside this run's span.
@@ -161,7 +169,7 @@ def run_daemon(
         "--output",
         str(out),
         "--dump-dir",
-        str(out) + "-dumps",
+        dump_dir,
         "--socket",
         str(out) + ".sock",
         *extra,
@@ -449,18 +457,100 @@ def pretokenized(path: Path, n: int, tokens: int, vocab: int, seed: int = 0) -> 
     return str(path)
 
 
-def dd_rate(d: Path, nbytes: int) -> float:
+def dd_rate(d: Path, nbytes: int, how: str = "conv=fdatasync") -> float:
+    """MB/s of ``dd bs=16M`` writing ``nbytes`` of zeros to ``d``'s disk: ``conv=fdatasync``
+    (buffered, one sync at the end) or ``oflag=direct`` (straight to the device: what the
+    disk takes)."""
     target = d / "dd.bin"
     count = max(1, nbytes // (16 << 20))
+    os.sync()
     t = time.perf_counter()
     subprocess.run(
-        ["dd", "if=/dev/zero", f"of={target}", "bs=16M", f"count={count}", "conv=fdatasync"],
+        ["dd", "if=/dev/zero", f"of={target}", "bs=16M", f"count={count}", how],
         check=True,
         capture_output=True,
     )
     rate = count * (16 << 20) / (time.perf_counter() - t) / 1e6
     target.unlink()
     return rate
+
+
+def commit_rows(base: Path, model: Path, rounds: int) -> list[tuple[str, str, str, str]]:
+    """``commit``: the daemon's commits against what the disk takes, interleaved rounds.
+
+    Each round: the daemon with the synthetic producer (96 samples x 34 MB, bf16, H=4096,
+    3 commit threads, dumps in /dev/shm), once with dumps that cost nothing (``EAGLE3D_SYNTHETIC_LINK``: every
+    request's dump is a hard link of one written dump, so only the commit path works, as on
+    a GPU node whose server writes its dumps on cores of its own) and once with the
+    producer writing each dump (on this 2-core machine its copies compete with the
+    commits'); and ``dd bs=16M`` of the same bytes to the same disk, ``oflag=direct`` (the
+    baseline: what the disk takes) and ``conv=fdatasync`` (buffered: the earlier baseline).
+    """
+    big = big_model_dir(base, 4096, 32, model)
+    rnd = random.Random(11)
+    ids = [rnd.randrange(7, 1000) for _ in range(1024)]
+    same = base / "same.jsonl"
+    same.write_text(
+        "".join(
+            json.dumps({"input_ids": ids, "loss_mask": [i % 2 for i in range(1024)]}) + "\n"
+            for _ in range(96)
+        )
+    )
+    varied = pretokenized(base / "big.jsonl", 96, 1024, 1000)
+    args = ("--backend", "synthetic", "--commit-threads", "3", "--concurrency", "12")
+    # Dumps in /dev/shm, the daemon's default dump area (a dump area on the output disk
+    # would add its page-cache traffic to the commits').
+    shm = os.path.join("/dev/shm", f"bench-commit-{os.getpid()}")
+    got: dict[str, list[float]] = {k: [] for k in ("link", "write", "direct", "buffered")}
+    per = 0.0
+    for r in range(rounds):
+        ENV["EAGLE3D_SYNTHETIC_LINK"] = "1"  # the daemon's environment (run_daemon's)
+        try:
+            c = run_daemon(big, str(same), base / "out-commit", *args, dumps=shm)
+        finally:
+            del ENV["EAGLE3D_SYNTHETIC_LINK"]
+        w = run_daemon(big, varied, base / "out-commit", *args, dumps=shm)
+        direct = dd_rate(base, int(c["bytes"]), "oflag=direct")
+        buffered = dd_rate(base, int(c["bytes"]))
+        per = c["bytes"] / c["samples"]
+        for k, v in (("link", c["mb_s"]), ("write", w["mb_s"]), ("direct", direct), ("buffered", buffered)):  # fmt: skip
+            got[k].append(v)
+        print(f"round {r + 1}: commits {c['mb_s']:.0f} (producer writing: {w['mb_s']:.0f}),"
+              f" dd direct {direct:.0f}, dd fdatasync {buffered:.0f} MB/s", file=sys.stderr)  # fmt: skip
+
+    def med(xs: list[float]) -> float:
+        return sorted(xs)[len(xs) // 2]
+
+    def ratio(a: str, b: str) -> str:
+        each = [x / y for x, y in zip(got[a], got[b], strict=True)]
+        text = f"{med(each):.2f}"
+        return text + (
+            f" (median of {rounds}: " + ", ".join(f"{x:.2f}" for x in each) + ")"
+            if rounds > 1
+            else ""
+        )
+
+    what = f"96 samples x {per / 1e6:.0f} MB (bf16, H=4096), 3 commit threads"
+    return [
+        (
+            f"committed MB/s, synthetic producer whose dumps cost nothing, {what}",
+            f"{med(got['link']):,.0f} MB/s",
+            f"dd bs=16M oflag=direct, same bytes: {med(got['direct']):,.0f} MB/s",
+            ratio("link", "direct"),
+        ),
+        (
+            "  the same, the producer writing each dump (2 shared CPUs)",
+            f"{med(got['write']):,.0f} MB/s",
+            f"dd bs=16M oflag=direct: {med(got['direct']):,.0f} MB/s",
+            ratio("write", "direct"),
+        ),
+        (
+            "  the first row against buffered dd (the earlier baseline)",
+            f"{med(got['link']):,.0f} MB/s",
+            f"dd bs=16M conv=fdatasync: {med(got['buffered']):,.0f} MB/s",
+            ratio("link", "buffered"),
+        ),
+    ]
 
 
 def main() -> int:
@@ -617,28 +707,7 @@ def main() -> int:
                 )
             )
         if args.which in ("commit", "all"):
-            big = big_model_dir(base, 4096, 32, model)
-            data = pretokenized(base / "big.jsonl", 48, 1024, 1000)
-            c = run_daemon(
-                big,
-                data,
-                base / "out-commit",
-                "--backend",
-                "synthetic",
-                "--commit-threads",
-                "3",
-                "--concurrency",
-                "6",
-            )
-            dd = dd_rate(base, int(c["bytes"]))
-            rows.append(
-                (
-                    f"committed MB/s, synthetic producer, {c['samples']} samples x {c['bytes'] / c['samples'] / 1e6:.0f} MB (bf16, H=4096)",
-                    f"{c['mb_s']:,.0f} MB/s",
-                    f"dd bs=16M conv=fdatasync, same bytes: {dd:,.0f} MB/s",
-                    f"{c['mb_s'] / dd:.2f}",
-                )
-            )
+            rows.extend(commit_rows(base, model, args.rounds if args.which == "commit" else 1))
         if args.which in ("rss", "all"):
             big = big_model_dir(base, 512, 8, model)
             res = []

@@ -22,3 +22,19 @@ def tiny_tokenizer(tiny_model_dir: Path) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(tiny_model_dir, local_files_only=True)
+
+
+@pytest.fixture(scope="session")
+def stored_outputs(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Any:
+    """One dataset (40 conversations and a malformed line) extracted by the real daemon
+    twice, with ``--store-dtype bfloat16`` and ``fp8``: ``{"dataset", "bfloat16", "fp8"}``."""
+    from daemon_harness import conversations, run, write_jsonl
+
+    root = tmp_path_factory.mktemp("stored")
+    data = write_jsonl(root / "data.jsonl", [*conversations(40), "{not json"])
+    out: dict[str, Path] = {"dataset": data}
+    for dtype in ("bfloat16", "fp8"):
+        out[dtype] = root / f"out-{dtype}"
+        r = run(tiny_model_dir, data, out[dtype], "--store-dtype", dtype)
+        assert r.returncode == 0, r.stderr[-3000:]
+    return out

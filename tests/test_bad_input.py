@@ -199,7 +199,12 @@ def test_changed_dataset_refuses_to_resume_unless_forced(
 def test_second_daemon_on_the_same_output_exits_5(tiny_model_dir: Path, tmp_path: Path) -> None:
     data, out = tmp_path / "data.jsonl", tmp_path / "out"
     valid, malformed = runkit.dataset(data, 25)
-    first = runkit.start(tiny_model_dir, data, out, log=tmp_path / "first.log")
+    # One sample per batch and a rest after each: the first daemon is still running when
+    # the second one starts, however slow the machine is to start a second interpreter.
+    first = runkit.start(
+        tiny_model_dir, data, out, "--batch-tokens", "1", fault="worker_slow:1000",
+        log=tmp_path / "first.log",
+    )  # fmt: skip
     try:
         # (SIGTERM before the producer is up kills the daemon outright: see docs/reliability.md)
         runkit.wait_for(

@@ -25,6 +25,37 @@ def test_all_finite_finds_every_nan_and_inf(dtype: torch.dtype) -> None:
             assert not all_finite(y), (bad, pos)
 
 
+@pytest.mark.parametrize(
+    ("np_dtype", "finite", "bad"),
+    [
+        # bfloat16: the largest finite values, -0 and the smallest negative subnormal;
+        # +-Inf, NaNs of either sign.
+        ("int16", [0x7F7F, 0xFF7F, 0x8000, 0x8001, 0], [0x7F80, 0xFF80, 0x7FC0, 0xFFC0, 0xFFFF]),
+        ("int16-f16", [0x7BFF, 0xFBFF, 0x8000], [0x7C00, 0xFC00, 0x7E00, 0xFE00]),
+        ("int32", [0x7F7FFFFF, 0xFF7FFFFF, 0x80000000], [0x7F800000, 0xFF800000, 0xFFC00000]),
+    ],
+)
+def test_finite_bits_at_the_edges_of_the_exponent(
+    np_dtype: str, finite: list[int], bad: list[int]
+) -> None:
+    import numpy as np
+
+    name, mask = {
+        "int16": ("int16", 0x7F80),
+        "int16-f16": ("int16", 0x7C00),
+        "int32": ("int32", 0x7F800000),
+    }[np_dtype]
+    unsigned = np.dtype(name.replace("int", "uint"))
+    ok = np.array(finite, dtype=unsigned).view(name)
+    assert commit.finite_bits(ok, mask)
+    for b in bad:
+        for pos in (0, 5, 9):  # first chunk, a later chunk, the last element
+            x = np.zeros(10, dtype=unsigned)
+            x[:] = finite[0]
+            x[pos] = b
+            assert not commit.finite_bits(x.view(name), mask, chunk=4), (hex(b), pos)
+
+
 def test_all_finite_with_an_overflowing_sum_of_finite_values() -> None:
     # The fast path's sum overflows to inf here; the exact check must still say finite.
     x = torch.full((1000,), 3e38, dtype=torch.float32)

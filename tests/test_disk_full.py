@@ -156,9 +156,11 @@ def test_daemon_pauses_on_a_full_disk_and_resumes_when_it_grows(
     one_mib_fs = tmpfs("1m")
     data, out = tmp_path / "data.jsonl", one_mib_fs / "out"
     valid, malformed = runkit.dataset(data, 30)  # ~2.5 MB of samples for a 1 MiB filesystem
+    # --no-space-check: the job does not fit on purpose (eagle3d plan would refuse it).
     proc = runkit.start(
-        tiny_model_dir, data, out, "--dump-dir", str(tmp_path / "dumps"), log=tmp_path / "log"
-    )
+        tiny_model_dir, data, out, "--dump-dir", str(tmp_path / "dumps"), "--no-space-check",
+        log=tmp_path / "log",
+    )  # fmt: skip
     try:
         runkit.wait_for(
             lambda: any(r.get("state") == "paused" for r in runkit.records(out, "run_state")),
@@ -237,6 +239,7 @@ def test_journal_and_output_both_full_then_a_file_is_deleted(
         str(tmp_path / "dumps"),
         "--batch-tokens",
         "1",
+        "--no-space-check",  # an 8 MiB filesystem holds no 256 MiB reserve
         fault="worker_slow:300",
         log=tmp_path / "log",
     )
@@ -271,7 +274,11 @@ def test_full_before_the_first_commit_is_still_journaled(
     data, out = tmp_path / "data.jsonl", fs / "out"
     valid, malformed = runkit.dataset(data, 10)
     log = tmp_path / "log"
-    proc = runkit.start(tiny_model_dir, data, out, "--dump-dir", str(tmp_path / "dumps"), log=log)
+    # A 4 MiB filesystem holds no 256 MiB reserve: the space check would refuse the run.
+    proc = runkit.start(
+        tiny_model_dir, data, out, "--dump-dir", str(tmp_path / "dumps"), "--no-space-check",
+        log=log,
+    )  # fmt: skip
     try:
         runkit.wait_for(lambda: b" up; window " in log.read_bytes(), 90, "the producer")
         filler = _fill(fs)

@@ -70,6 +70,34 @@ def test_the_archive_is_byte_for_byte_the_general_paths(
         assert got[k].dtype == v.dtype and torch.equal(got[k], v), k
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_slot_read_in_many_chunks_is_checked_and_checksummed_whole(
+    dtype: torch.dtype, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The NaN/Inf check and the CRC-32 run chunk by chunk within the read: a file read in
+    a dozen chunks is the one read at once, and a NaN in the last chunk is still found."""
+    monkeypatch.setattr(os, "urandom", lambda n: b"\x07" * n)  # the serialization id
+    t = 163
+    path = _dump_file(tmp_path, t, dtype)
+    whole = _stage(path, t)
+    assert whole is not None
+    monkeypatch.setattr(splice, "CHECK_CHUNK", 4096)
+    chunked = _stage(path, t)
+    assert chunked is not None
+    assert chunked.written.nbytes == whole.written.nbytes
+    assert bytes(chunked.view[: chunked.written.nbytes]) == bytes(
+        whole.view[: whole.written.nbytes]
+    )
+    (tmp_path / "chunked.ckpt").write_bytes(bytes(chunked.view[: chunked.written.nbytes]))
+    assert zipfile.ZipFile(tmp_path / "chunked.ckpt").testzip() is None  # records' CRCs
+    assert file_checksum(str(tmp_path / "chunked.ckpt"))[1] == f"crc32:{chunked.written.crc:08x}"
+    aux = read_dump(path).aux_hidden_state.clone()
+    aux[-1, -1] = float("nan")
+    (tmp_path / "bad").mkdir()
+    bad = _dump_file(tmp_path / "bad", t, dtype, aux=aux)
+    assert _stage(bad, t) is None
+
+
 def _nan(t: int, dtype: torch.dtype) -> Any:
     x = torch.randn(t, H).to(dtype)
     x[t // 2, 3] = float("nan")

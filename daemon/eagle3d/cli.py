@@ -16,6 +16,8 @@ from eagle3d import __version__, exitcodes
 COMMAND_MODULES = (
     "eagle3d.run.command",
     "eagle3d.tools.verify",
+    "eagle3d.tools.plan",
+    "eagle3d.tools.export",
     "eagle3d.tools.demo",
     "eagle3d.tools.tinymodel",
     "eagle3d.tools.sglang_launch",

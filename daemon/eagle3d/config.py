@@ -50,6 +50,8 @@ class JobConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     writer: str = "archive"  # archive (own writer, direct I/O) | torch (torch.save, the reference)
     force_resume: bool = False
     max_failed_fraction: float = 0.05  # more failures for good than this: exit 9
+    space_reserve: str = "256M"  # left free beside the job (eagle3d.store.sizing.parse_size)
+    no_space_check: bool = False  # start even if the job does not fit (no exit 10)
 
     def validate(self) -> None:
         """Check values that types alone cannot. Raises ConfigError."""
@@ -89,6 +91,12 @@ class JobConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             )
         if self.max_length < 0:
             raise ConfigError(f"max_length must be >= 0, got {self.max_length}")
+        from eagle3d.store.sizing import parse_size
+
+        try:
+            parse_size(self.space_reserve, 1)
+        except ValueError as e:
+            raise ConfigError(str(e)) from e
         self.shard_spec()
 
     def commit_thread_count(self, cpus: int | None = None) -> int:
@@ -235,6 +243,20 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
         metavar="F",
         help="a finished run in which more than this share of the samples failed for good"
         " (or every one did) exits 9 (default 0.05)",
+    )
+    a(
+        "--space-reserve",
+        dest="space_reserve",
+        metavar="SIZE",
+        help="left free on the output filesystem beside the job: 256M (default), 1G, 2%%;"
+        " a run that does not fit with it is refused (exit 10)",
+    )
+    a(
+        "--no-space-check",
+        action="store_const",
+        const=True,
+        dest="no_space_check",
+        help="start even if the job does not fit on the output filesystem (see eagle3d plan)",
     )
     a(
         "--force-resume",

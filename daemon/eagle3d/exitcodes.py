@@ -47,6 +47,13 @@ CODES = (
         "finished, but every sample failed or more than --max-failed-fraction did",
         False,
     ),
+    ExitCode(
+        10,
+        "SPACE",
+        "the job does not fit on the output filesystem with --space-reserve"
+        " (eagle3d plan says how much it needs; --no-space-check starts anyway)",
+        False,
+    ),
 )
 
 EXIT_OK = 0
@@ -59,6 +66,7 @@ EXIT_FINGERPRINT = 6
 EXIT_LAYOUT = 7
 EXIT_PRODUCER = 8
 EXIT_FAILED = 9
+EXIT_SPACE = 10
 
 #: Exit statuses after which restarting the service cannot help (systemd's
 #: ``RestartPreventExitStatus=``): the operator must change something first.
@@ -92,6 +100,7 @@ __all__ = [
     "EXIT_OK",
     "EXIT_OUTPUT",
     "EXIT_PRODUCER",
+    "EXIT_SPACE",
     "NO_RESTART",
     "ExitCode",
     "Fatal",

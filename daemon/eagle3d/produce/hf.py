@@ -147,7 +147,8 @@ class HFProducer(Producer):
         now = time.monotonic()
         if isinstance(msg, pr.Ready):
             assert w.ready is not None
-            w.ready.set_result(msg)
+            if not w.ready.done():  # a stop during the load cancelled the wait for it
+                w.ready.set_result(msg)
         elif isinstance(msg, pr.LoadFailed):
             assert w.ready is not None
             if not w.ready.done():

@@ -4,8 +4,12 @@ For sizing the commit path of a node ("can this disk keep up with the GPU?") and
 pipeline benchmarks: the daemon validates and commits these dumps exactly as it does real
 ones. Only the model's ``config.json`` (hidden size) and tokenizer are used.
 
-By default dumps are written at memory speed. ``EAGLE3D_SYNTHETIC_LATENCY_S`` models a GPU
-server instead: requests are served in batches (up to ``EAGLE3D_SYNTHETIC_BATCH``, default 32),
+By default dumps are written at memory speed. ``EAGLE3D_SYNTHETIC_LINK=1`` makes them cost
+nothing: a request whose ids equal an earlier one's gets that dump's bytes, hard-linked under
+its own name (its rid lives in the file name; the states are constant anyway), so a
+benchmark of the commit path on a small machine does not spend half its CPU writing dumps
+that a GPU node's server writes on cores of its own. ``EAGLE3D_SYNTHETIC_LATENCY_S`` models a
+GPU server instead: requests are served in batches (up to ``EAGLE3D_SYNTHETIC_BATCH``, default 32),
 each batch taking that many seconds however full it is, the way a prefill-bound server with
 continuous batching behaves. It is a benchmark knob, not a job setting.
 """
@@ -13,16 +17,20 @@ continuous batching behaves. It is a benchmark knob, not a job setting.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from eagle3proto.events import ProducerHealth
 
 from eagle3d.core.sample import Request
 from eagle3d.produce.base import Producer, ProducerEvents
-from eagle3d.remote.dumpfile import write_dump
+from eagle3d.remote import storedtype
+from eagle3d.remote.dumpfile import dump_path, write_dump
 
 
 class SyntheticProducer(Producer):
@@ -51,6 +59,9 @@ class SyntheticProducer(Producer):
             float(env.get("EAGLE3D_SYNTHETIC_LATENCY_S", 0)) if latency_s is None else latency_s
         )
         self.batch = int(env.get("EAGLE3D_SYNTHETIC_BATCH", 32)) if batch is None else batch
+        self.link = env.get("EAGLE3D_SYNTHETIC_LINK", "") == "1"
+        self._templates: dict[tuple[int, ...], str] = {}
+        self._names = itertools.count()
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="synthetic")
         self._window = window
         self._events: ProducerEvents | None = None
@@ -60,6 +71,7 @@ class SyntheticProducer(Producer):
         self._cond = threading.Condition()
         self._stopped = False
         self._server: threading.Thread | None = None
+        self._cache: dict[int, tuple[Any, Any]] = {}
 
     async def start(self, events: ProducerEvents | None = None) -> None:
         self._events = events
@@ -95,13 +107,45 @@ class SyntheticProducer(Producer):
     def _write(self, r: Request) -> None:
         import torch
 
-        dtype = getattr(torch, "float32" if self.dtype == "auto" else self.dtype)
         t = len(r.input_ids)
+        key = tuple(r.input_ids)
+        template = self._templates.get(key) if self.link else None
+        if template is not None:
+            final = dump_path(self.dump_dir, r.rid)
+            os.link(template, final)  # the complete file under its final name, at once
+            self._done += 1
+            return
         ids = torch.tensor(r.input_ids, dtype=torch.int64)
-        aux = torch.full((t, len(self.layers) * self.hidden), 0.5, dtype=dtype)
-        hid = torch.full((t, self.hidden), 0.25, dtype=dtype)
-        write_dump(self.dump_dir, r.rid, ids, aux, hid, self.layers)
+        aux, hid = self._states(t)
+        path = write_dump(self.dump_dir, r.rid, ids, aux, hid, self.layers)
+        if self.link and key not in self._templates:
+            # The daemon deletes the dump; a link of it under a name of its own stays.
+            keep = os.path.join(
+                os.path.dirname(path), f".template-{os.getpid()}-{next(self._names)}"
+            )
+            os.link(path, keep)
+            with self._cond:
+                self._templates.setdefault(key, keep)
         self._done += 1
+
+    def _states(self, t: int) -> tuple[Any, Any]:
+        """Constant states of ``t`` tokens in the dump dtype of the job's storage format,
+        made once per length: a server's states arrive by DMA, not by a CPU filling them,
+        so only the dump's own write is this producer's work."""
+        import torch
+
+        hit = self._cache.get(t)
+        if hit is None:
+            name = self.dtype if self.dtype != "auto" else "float32"
+            fmt = storedtype.FORMATS.get(name)
+            dtype = getattr(torch, fmt.dump_dtype if fmt is not None else name)
+            aux = torch.full((t, len(self.layers) * self.hidden), 0.5, dtype=dtype)
+            hid = torch.full((t, self.hidden), 0.25, dtype=dtype)
+            with self._cond:
+                if len(self._cache) >= 16:  # a few lengths: a benchmark's, not a dataset's
+                    self._cache.pop(next(iter(self._cache)))
+                hit = self._cache[t] = (aux, hid)
+        return hit
 
     def window(self) -> int:
         return self._window
@@ -119,3 +163,8 @@ class SyntheticProducer(Producer):
             self._stopped = True
             self._cond.notify_all()
         await asyncio.to_thread(self._pool.shutdown, True)
+        with self._cond:
+            kept, self._templates = self._templates, {}
+        for keep in kept.values():
+            with contextlib.suppress(OSError):
+                os.unlink(keep)

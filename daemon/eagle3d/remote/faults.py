@@ -6,7 +6,8 @@ process, does not fire again):
 
 * ``kill:<point>`` - the daemon exits abruptly (``os._exit(137)``) at a named point:
   ``after_tmp_write``, ``after_rename``, ``before_journal_append``,
-  ``after_append_before_sync``, ``mid_frame``; ``kill:<point>:<n>`` fires at the n-th time.
+  ``after_append_before_sync``, ``mid_frame``, and ``eagle3d export``'s
+  ``export_after_rename``, ``export_before_sync``; ``kill:<point>:<n>`` fires at the n-th time.
 * ``worker_hang:<n>`` / ``worker_exit:<n>`` - the HF worker hangs / dies after n batches.
 * ``worker_slow:<ms>`` - the HF worker rests ``ms`` milliseconds after every batch (a slow
   producer, so that a test can act while a run is surely still in progress).
@@ -32,6 +33,8 @@ KILL_POINTS = (
     "before_journal_append",
     "after_append_before_sync",
     "mid_frame",
+    "export_after_rename",  # eagle3d export: a sample's file renamed, not yet recorded
+    "export_before_sync",  # eagle3d export: records written, not yet synced
 )
 
 BAD_DUMPS = ("ids", "shape", "nan", "truncate", "vanish")

@@ -9,19 +9,23 @@ depends on the hardware (float32 on a CPU, where bfloat16 matmuls are 4-5x slowe
 * ``auto`` (the default): the model's own 16-bit dtype from its ``config.json``
   (``torch_dtype`` / ``dtype``, the text config's for multimodal wrappers), else bfloat16,
   whatever the compute dtype is;
-* ``bfloat16``, ``float16``, ``float32``: that dtype (float32 only when asked).
+* ``bfloat16``, ``float16``, ``float32``: that dtype (float32 only when asked);
+* ``fp8``: e4m3 values with one float32 scale per token per tensor (:mod:`eagle3d.store.fp8`),
+  about half the bytes of bfloat16. The files hold two more tensors, ``hidden_state_scale``
+  and ``aux_hidden_state_scale`` (``[1, T, 1]`` each); readers dequantize
+  (:mod:`eagle3d.reader`). Never chosen by ``auto``.
 
 A value names a *storage format*, not only a dtype: :data:`FORMATS` maps each name to what
 the files hold. The resolved name is what the job's fingerprint, the journal's
-``run_started`` record (``job.store_dtype``) and ``verify`` carry. A format that stores
-more than a cast (fp8 e4m3 with per-token scales, issue #21) is one more entry here with
-its scale tensors, and the option, the journal field and the fingerprint keep their shape.
+``run_started`` record (``job.store_dtype``) and ``verify`` carry.
 
 The producers cast where the states are made (on the GPU before the device-to-host copy,
-or in the CPU worker's dump writer): the dumps then carry half the bytes. The commit casts
-whatever arrives in another float dtype (an SGLang server started without the setting), so
-the files are in the job's format whichever producer wrote the dumps. Pure Python: torch is
-imported only by :func:`cast`.
+or in the CPU worker's dump writer) to the format's *dump dtype*: the stored dtype itself,
+or bfloat16 for fp8, whose quantization runs in the commit (fused into its read of the
+dump, :mod:`eagle3d.store.splice`). The commit casts (or quantizes) whatever arrives in another
+float dtype (an SGLang server started without the setting), so the files are in the job's
+format whichever producer wrote the dumps. Pure Python: torch is imported only by
+:func:`cast`.
 """
 
 from __future__ import annotations
@@ -37,20 +41,43 @@ AUTO = "auto"
 FALLBACK = "bfloat16"
 
 
+STATES = ("hidden_state", "aux_hidden_state")
+#: The keys of every sample file, in the order they are written.
+BASE_KEYS = ("input_ids", "loss_mask", *STATES)
+SCALE_SUFFIX = "_scale"
+
+
 @dataclass(frozen=True, slots=True)
 class StoreFormat:
     """One storage format: its name (as configured and journaled), the torch dtype of the
-    stored state tensors, and that dtype's code in a dump's safetensors header."""
+    stored state tensors, the dtype the producers dump the states in for it (``dump``) and
+    that dtype's code in a dump's safetensors header, and whether the states are stored
+    with per-token scales (fp8)."""
 
     name: str
     torch_dtype: str
     safetensors: str
+    dump: str = ""  # '' : torch_dtype
+    scaled: bool = False
+
+    @property
+    def dump_dtype(self) -> str:
+        """The torch dtype name of the states in this format's dumps."""
+        return self.dump or self.torch_dtype
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The keys of a sample file in this format, in their order."""
+        if self.scaled:
+            return (*BASE_KEYS, *(k + SCALE_SUFFIX for k in STATES))
+        return BASE_KEYS
 
 
 FORMATS: dict[str, StoreFormat] = {
     "bfloat16": StoreFormat("bfloat16", "bfloat16", "BF16"),
     "float16": StoreFormat("float16", "float16", "F16"),
     "float32": StoreFormat("float32", "float32", "F32"),
+    "fp8": StoreFormat("fp8", "float8_e4m3fn", "BF16", dump="bfloat16", scaled=True),
 }
 #: The values ``--store-dtype`` and the ``store_dtype`` key accept.
 CHOICES = (AUTO, *FORMATS)
@@ -86,8 +113,9 @@ def resolve(value: str, config: dict[str, Any]) -> StoreFormat:
 
 
 def cast(t: torch.Tensor, fmt: StoreFormat) -> torch.Tensor:
-    """``t`` in the stored dtype (``t`` itself when it already is): one pass, rounding to
-    nearest even, wherever ``t`` lives."""
+    """``t`` in the format's dump dtype (``t`` itself when it already is): one pass,
+    rounding to nearest even, wherever ``t`` lives. For the unscaled formats that is the
+    stored dtype; fp8's quantization is the commit's (:func:`eagle3d.store.fp8.quantize`)."""
     import torch
 
-    return t.to(getattr(torch, fmt.torch_dtype))
+    return t.to(getattr(torch, fmt.dump_dtype))

@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import logging
 import os
+import signal
 
 from eagle3d import config, exitcodes
 from eagle3d.exitcodes import EXIT_CONFIG, EXIT_OK, Fatal
@@ -39,12 +40,18 @@ def cmd_run(args: argparse.Namespace) -> int:
         log.error("%s", e)
         return EXIT_CONFIG
     try:
-        return run_job(cfg)
+        code = run_job(cfg)
     except Fatal as e:
         log.error("%s", e)
         return e.code
     except KeyboardInterrupt:
         return EXIT_OK
+    # The run is over and its exit status decided: a stop that arrives while the interpreter
+    # winds down (the loop's handlers are gone) has nothing left to stop, and must not turn
+    # a finished run into a death by signal (exit -15, or a KeyboardInterrupt traceback).
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    return code
 
 
 def run_job(cfg: config.JobConfig) -> int:

@@ -36,7 +36,7 @@ from eagle3d.core.sample import FAILED, PENDING, SAVED, SKIPPED
 from eagle3d.exitcodes import EXIT_INTERNAL, EXIT_OK, EXIT_PRODUCER, Fatal
 from eagle3d.produce.factory import starting_words
 from eagle3d.remote.threadnames import name_threads
-from eagle3d.run import diskguard, job, preflight
+from eagle3d.run import diskguard, job, preflight, spacecheck
 from eagle3d.run import recorder as recording
 from eagle3d.run.assemble import Opened, Parts, Where, assemble
 from eagle3d.run.inbox import Hangup, Inbox, JournalFault, ProducerPort, ProducerState, Signalled
@@ -133,6 +133,10 @@ class Daemon:
         forced = job.check_fingerprint(resume.last_started, facts.job, cfg.force_resume, self.output)  # fmt: skip
         if forced:
             log.warning("resuming a changed job because of --force-resume (%s)", forced)
+        if not cfg.no_space_check:
+            self.notifier.status("checking the space the job needs")
+            args = (cfg, facts, self.shard, self.output, self.status)
+            await asyncio.to_thread(spacecheck.check_space, *args)
         return self.opened
 
     def _counts(self) -> tuple[list[int], int, int]:

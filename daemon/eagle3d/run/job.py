@@ -19,7 +19,7 @@ from eagle3d.remote import storedtype
 from eagle3d.remote.dumpfile import default_aux_layers
 
 #: JobInfo fields shown when a fingerprint differs (the fingerprint also covers the model).
-_COMPARED = (
+COMPARED = (
     "dataset",
     "dataset_bytes",
     "dataset_sha",
@@ -98,7 +98,7 @@ def check_fingerprint(last: ev.RunStarted | None, job: ev.JobInfo, force: bool, 
         return ""
     diffs = [
         f"{k}: {getattr(last.job, k)!r} -> {getattr(job, k)!r}"
-        for k in _COMPARED
+        for k in COMPARED
         if getattr(last.job, k) != getattr(job, k)
     ]
     what = "; ".join(diffs) or "model config changed"

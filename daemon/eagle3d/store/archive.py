@@ -68,20 +68,28 @@ class _Storage:
 
 
 class _Tensor:
-    """Reduces as ``torch.Tensor`` does for a contiguous CPU tensor without grad."""
+    """Reduces as ``torch.Tensor`` does for a contiguous CPU tensor without grad: with
+    ``_rebuild_tensor_v2`` over a typed storage, or for the dtypes that have no typed
+    storage class (float8), ``_rebuild_tensor_v3`` over an untyped one and the dtype."""
 
-    __slots__ = ("shape", "storage", "stride")
+    __slots__ = ("dtype", "shape", "storage", "stride")
 
-    def __init__(self, storage: _Storage, shape: tuple[int, ...], stride: tuple[int, ...]):
-        self.storage, self.shape, self.stride = storage, shape, stride
+    def __init__(
+        self,
+        storage: _Storage,
+        shape: tuple[int, ...],
+        stride: tuple[int, ...],
+        dtype: Any = None,
+    ):
+        self.storage, self.shape, self.stride, self.dtype = storage, shape, stride, dtype
 
     def __reduce_ex__(self, protocol: Any) -> Any:
-        from torch._utils import _rebuild_tensor_v2
+        from torch._utils import _rebuild_tensor_v2, _rebuild_tensor_v3
 
-        return (
-            _rebuild_tensor_v2,
-            (self.storage, 0, self.shape, self.stride, False, OrderedDict()),
-        )
+        args: tuple[Any, ...] = (self.storage, 0, self.shape, self.stride, False, OrderedDict())
+        if self.dtype is not None:
+            return (_rebuild_tensor_v3, (*args, self.dtype))
+        return (_rebuild_tensor_v2, args)
 
 
 class _Pickler(pickle.Pickler):
@@ -91,15 +99,23 @@ class _Pickler(pickle.Pickler):
         return None
 
 
+#: Dtypes without a typed storage class that this writer takes, as torch.save writes them
+#: (an untyped storage counted in bytes, ``_rebuild_tensor_v3``): the fp8 storage format's.
+_UNTYPED = ("float8_e4m3fn",)
+
+
 @functools.cache
 def _storage_classes() -> dict[Any, str]:
-    """dtype -> the legacy typed-storage class name torch.save records ("FloatStorage")."""
+    """dtype -> the legacy typed-storage class name torch.save records ("FloatStorage"),
+    or "" for the :data:`_UNTYPED` dtypes it records with an untyped storage."""
     import torch
 
     try:
-        return dict(torch.storage._dtype_to_storage_type_map())
+        names = dict(torch.storage._dtype_to_storage_type_map())
     except AttributeError:  # pragma: no cover - a torch without it: fits() says no
         return {}
+    names.update((getattr(torch, n), "") for n in _UNTYPED if hasattr(torch, n))
+    return names
 
 
 def data_pkl(tensors: dict[str, torch.Tensor]) -> bytes:
@@ -118,8 +134,13 @@ def _data_pkl(spec: tuple[tuple[str, Any, tuple[int, ...], tuple[int, ...]], ...
     names = _storage_classes()
     objs = {}
     for key, (name, dtype, shape, stride) in enumerate(spec):
-        cls = getattr(torch, names[dtype])
-        objs[name] = _Tensor(_Storage(cls, str(key), math.prod(shape)), shape, stride)
+        if names[dtype]:
+            storage = _Storage(getattr(torch, names[dtype]), str(key), math.prod(shape))
+            objs[name] = _Tensor(storage, shape, stride)
+        else:  # counted in bytes, and the dtype goes with the tensor
+            n = math.prod(shape) * dtype.itemsize
+            storage = _Storage(torch.storage.UntypedStorage, str(key), n)
+            objs[name] = _Tensor(storage, shape, stride, dtype)
     buf = io.BytesIO()
     _Pickler(buf, protocol=2).dump(objs)
     return buf.getvalue()
@@ -345,14 +366,15 @@ def fill(p: Plan, mv: memoryview) -> None:
         mv[off : off + len(data)] = data
 
 
-def seal(p: Plan, mv: memoryview) -> Written:
+def seal(p: Plan, mv: memoryview, known: dict[int, int] | None = None) -> Written:
     """Finish the archive in ``mv`` once the slots hold the tensors' bytes: a fresh
-    serialization id, every variable record's CRC-32 patched in, the file's CRC-32."""
+    serialization id, every variable record's CRC-32 patched in, the file's CRC-32.
+    ``known`` maps slot offsets to their CRC-32 where the caller computed it already."""
     serial = int.from_bytes(os.urandom(16), "little")
     mv[p.serial : p.serial + 40] = f"{serial:040d}".encode()
     crcs = []
     for off, n, local, central in p.variable:
-        crc = crc32(mv[off : off + n], 0)
+        crc = known[off] if known and off in known else crc32(mv[off : off + n], 0)
         struct.pack_into("<I", mv, local, crc)
         struct.pack_into("<I", mv, central, crc)
         crcs.append(crc)

@@ -12,7 +12,9 @@ per row directory for all of it.
 The states are written in the job's storage format (:mod:`eagle3d.remote.storedtype`): a dump that
 arrives in another float dtype is cast on its way into the archive (in
 :func:`eagle3d.store.splice.stage`, within the read it already does), and the NaN/Inf check runs
-on what is stored, so a float16 overflow is caught too.
+on what is stored, so a float16 overflow is caught too. The fp8 format quantizes the
+states (:mod:`eagle3d.store.fp8`) in that same read, or here on the general path after the
+checks, and writes their scales beside them.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from eagle3proto.paths import TMP_MARK, sample_relpath
 
@@ -35,13 +37,10 @@ from eagle3d.dumps.format import BadDump, Dump, read_dump
 from eagle3d.remote import faults, storedtype
 from eagle3d.remote.storedtype import StoreFormat
 from eagle3d.store import archive as ckpt
-from eagle3d.store import splice
+from eagle3d.store import fp8, splice
 from eagle3d.store.directio import DirectBuffer, flush_direct
 from eagle3d.store.reference import ChecksumWriter, save
 from eagle3d.store.validate import all_finite, validate
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger("eagle3d")
 
@@ -303,8 +302,10 @@ class Committer:
             flush_direct(fd, view, size)
 
     def _stored(self, dump: Dump) -> Dump:
-        """The dump with its states in the storage format (the same object if they are)."""
-        if self.store is None:
+        """The dump with its states in the storage format (the same object if they are).
+        fp8 states stay as dumped: they are quantized from them when the archive is built
+        (as the splice does), and a scaled format cannot overflow."""
+        if self.store is None or self.store.scaled:
             return dump
         aux = dump.aux_hidden_state
         hid = dump.hidden_state
@@ -330,6 +331,8 @@ class Committer:
             "hidden_state": dump.hidden_state.contiguous().unsqueeze(0),
             "aux_hidden_state": dump.aux_hidden_state.contiguous().unsqueeze(0),
         }
+        if self.store is not None and self.store.scaled:
+            payload.update(fp8.quantized_states(payload))
         fits = self.writer == "archive" and ckpt.fits(payload)
 
         def write(fd: int, direct: bool) -> tuple[int, str]:

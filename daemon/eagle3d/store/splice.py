@@ -17,6 +17,11 @@ cast within that read: its bytes come in cache-sized chunks into a small reused 
 are cast from there into their slot, so the data still crosses memory once. The NaN/Inf
 check runs on the slot, on what is stored.
 
+For the fp8 format (``store.scaled``) the rows are quantized within that read instead
+(:func:`eagle3d.store.fp8.quantize_rows_into`: chunks of whole rows, values into their slot, one
+scale per row into the scale tensor's slot), and the finite check runs on the scales: a
+NaN or an Inf anywhere in a row makes its scale NaN or infinite.
+
 Anything unusual (another dtype, a garbled header, a failed check) makes :func:`stage`
 return None: the caller then takes the general path, which reads the dump with safetensors
 and words the error. The fast path never has to describe a bad dump.
@@ -33,8 +38,10 @@ from typing import Any
 
 from eagle3d.dumps.format import BadDump, read_header, vanished
 from eagle3d.remote.dumpfile import FORMAT
-from eagle3d.remote.storedtype import StoreFormat
+from eagle3d.remote.storedtype import SCALE_SUFFIX, StoreFormat
 from eagle3d.store import archive as ckpt
+from eagle3d.store import fp8
+from eagle3d.store.crc import crc32
 from eagle3d.store.directio import DirectBuffer
 
 # safetensors dtype -> torch dtype name, for the states (the ids are I64).
@@ -83,6 +90,8 @@ def stage(
             return None
         if aux[1] != (t, len(layers) * hidden_size) or hid[1] != (t, hidden_size):
             return None
+        if store is not None and store.scaled:
+            return _stage_scaled(fd, h, sent_ids, loss_mask, hidden_size, len(layers), buf, limit)
         code = store.safetensors if store is not None else hid[0]
         if code not in _STATES:
             return None
@@ -102,23 +111,121 @@ def stage(
         *_, begin, end = ids
         if end - begin != n_ids or os.preadv(fd, [view[ids_at : ids_at + n_ids]], begin) != n_ids:
             return None
-        for (src, *_, begin, end), at, n in ((hid, hid_at, n_hid), (aux, aux_at, n_aux)):
-            if src == code:
-                if end - begin != n or os.preadv(fd, [view[at : at + n]], begin) != n:
-                    return None
-            elif not _read_cast(fd, begin, end, src, view[at : at + n], code):
-                return None
         if bytes(view[ids_at : ids_at + n_ids]) != array("q", sent_ids).tobytes():
             return None
         view[mask_at : mask_at + 8 * t] = memoryview(array("q", loss_mask)).cast("B")
-        for at, n in ((hid_at, n_hid), (aux_at, n_aux)):
-            if not finite(view[at : at + n], code):
-                return None
-        return Staged(view, ckpt.seal(plan, view))
+        crcs: dict[int, int] = {}
+        for (src, *_, begin, end), at, n in ((hid, hid_at, n_hid), (aux, aux_at, n_aux)):
+            if src == code:
+                crc = _read_checked(fd, begin, end, view[at : at + n], code)
+                if crc is None:
+                    return None
+                crcs[at] = crc
+            else:
+                slot = view[at : at + n]
+                if not _read_cast(fd, begin, end, src, slot, code) or not finite(slot, code):
+                    return None
+        return Staged(view, ckpt.seal(plan, view, crcs))
     except BadDump:  # a garbled header: the general path words it
         return None
     finally:
         os.close(fd)
+
+
+def _stage_scaled(
+    fd: int,
+    h: Any,
+    sent_ids: list[int],
+    loss_mask: list[int],
+    hidden_size: int,
+    n_layers: int,
+    buf: DirectBuffer,
+    limit: int,
+) -> Staged | None:
+    """:func:`stage` for the fp8 format: the states quantized within the read."""
+    t = len(sent_ids)
+    ids, aux, hid = (h.tensors[k] for k in ("input_ids", "aux_hidden_state", "hidden_state"))
+    plan = ckpt.plan(fp8_spec(t, hidden_size, n_layers))
+    if plan.total > limit or len(loss_mask) != t:
+        return None
+    view = buf.view(plan.total)
+    ckpt.fill(plan, view)
+    (ids_at, n_ids), (mask_at, _), *states = plan.slots
+    (hid_at, _), (aux_at, _), (hs_at, n_hs), (as_at, n_as) = states
+    *_, begin, end = ids
+    if end - begin != n_ids or os.preadv(fd, [view[ids_at : ids_at + n_ids]], begin) != n_ids:
+        return None
+    if bytes(view[ids_at : ids_at + n_ids]) != array("q", sent_ids).tobytes():
+        return None
+    view[mask_at : mask_at + 8 * t] = memoryview(array("q", loss_mask)).cast("B")
+    for (src, *_, begin, end), at, s_at, s_n in (
+        (hid, hid_at, hs_at, n_hs),
+        (aux, aux_at, as_at, n_as),
+    ):
+        if not _read_quantize(fd, begin, end, src, view, at, s_at, t, 1):
+            return None
+        if not finite(view[s_at : s_at + s_n], "F32"):
+            return None
+    return Staged(view, ckpt.seal(plan, view))
+
+
+def fp8_spec(
+    t: int, hidden_size: int, n_layers: int
+) -> tuple[tuple[str, Any, tuple[int, ...]], ...]:
+    """The tensors of an fp8 sample file of ``t`` tokens, as :func:`ckpt.plan` takes them."""
+    import torch
+
+    f8, f32 = torch.float8_e4m3fn, torch.float32
+    return (
+        ("input_ids", torch.int64, (t,)),
+        ("loss_mask", torch.int64, (t,)),
+        ("hidden_state", f8, (1, t, hidden_size)),
+        ("aux_hidden_state", f8, (1, t, n_layers * hidden_size)),
+        ("hidden_state" + SCALE_SUFFIX, f32, (1, t, 1)),
+        ("aux_hidden_state" + SCALE_SUFFIX, f32, (1, t, 1)),
+    )
+
+
+def _read_quantize(
+    fd: int,
+    begin: int,
+    end: int,
+    src: str,
+    view: memoryview,
+    at: int,
+    scales_at: int,
+    rows: int,
+    groups: int,
+) -> bool:
+    """Read ``rows`` rows of ``src``-typed floats at ``[begin, end)`` of ``fd`` and quantize
+    them into e4m3 values at ``view[at:]`` and float32 scales at ``view[scales_at:]``, a
+    chunk of whole rows at a time through a reused buffer; False on a short read."""
+    import torch
+
+    size = _SIZES[src]
+    row = (end - begin) // size // rows if rows else 0
+    if row == 0 or row * rows * size != end - begin or row % groups:
+        return False
+    buf = getattr(_scratch, "buf", None)
+    if buf is None:
+        buf = _scratch.buf = bytearray(CAST_CHUNK)
+    step = max(1, CAST_CHUNK // (row * size))
+    if step * row * size > len(buf):  # one row beyond the chunk: grow the scratch once
+        buf = _scratch.buf = bytearray(step * row * size)
+    src_t = getattr(torch, _STATES[src])
+    for r in range(0, rows, step):
+        k = min(step, rows - r)
+        chunk = memoryview(buf)[: k * row * size]
+        if os.preadv(fd, [chunk], begin + r * row * size) != len(chunk):
+            return False
+        x = torch.frombuffer(chunk, dtype=src_t).view(k, row)
+        values = torch.frombuffer(view[at + r * row : at + (r + k) * row], dtype=torch.uint8)
+        scales = torch.frombuffer(
+            view[scales_at + 4 * r * groups : scales_at + 4 * (r + k) * groups],
+            dtype=torch.float32,
+        )
+        fp8.quantize_rows_into(x, values.view(k, row), scales.view(k, groups), groups)
+    return True
 
 
 _SIZES = {"F32": 4, "BF16": 2, "F16": 2}
@@ -149,6 +256,27 @@ def _read_cast(fd: int, begin: int, end: int, src: str, out: memoryview, dst: st
         part = out[i * _SIZES[dst] : (i + k) * _SIZES[dst]]
         torch.frombuffer(part, dtype=dst_t).copy_(torch.frombuffer(chunk, dtype=src_t))
     return True
+
+
+#: Bytes per chunk of a checked read: the NaN/Inf check and the CRC-32 run on each chunk
+#: while the copy has left it in the core's cache, instead of two more passes over memory.
+CHECK_CHUNK = 256 << 10
+
+
+def _read_checked(fd: int, begin: int, end: int, out: memoryview, code: str) -> int | None:
+    """Read the ``code``-typed floats at ``[begin, end)`` of ``fd`` into ``out`` chunk by
+    chunk, checking each for NaN/Inf and folding it into a CRC-32 while it is in cache.
+    Returns the CRC-32 of ``out``; None on a short read or a NaN/Inf."""
+    n = len(out)
+    if end - begin != n:
+        return None
+    crc = 0
+    for off in range(0, n, CHECK_CHUNK):
+        part = out[off : off + CHECK_CHUNK]
+        if os.preadv(fd, [part], begin + off) != len(part) or not finite(part, code):
+            return None
+        crc = crc32(part, crc)
+    return crc
 
 
 def finite(raw: Any, dtype: str) -> bool:

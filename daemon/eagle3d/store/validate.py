@@ -72,16 +72,17 @@ def all_finite(x: torch.Tensor, chunk: int = 1 << 20) -> bool:
     return finite_bits(bits, spec[1], chunk)
 
 
-def finite_bits(bits: np.ndarray, mask: int, chunk: int = 1 << 20) -> bool:
-    """True when no element of ``bits`` (floats viewed as integers) has every bit of the
-    exponent ``mask`` set, i.e. none is NaN or Inf."""
-    import numpy as np
+def finite_bits(bits: np.ndarray, mask: int, chunk: int = 1 << 17) -> bool:
+    """True when no element of ``bits`` (floats viewed as signed integers) has every bit
+    of the exponent ``mask`` set, i.e. none is NaN or Inf.
 
-    tmp = np.empty(min(chunk, bits.size), dtype=bits.dtype)
-    for i in range(0, bits.size, chunk):  # cache-sized chunks, one reused temporary
-        part = bits[i : i + chunk]
-        t = tmp[: part.size]
-        np.bitwise_and(part, mask, out=t)
-        if (t == mask).any():
+    Two read-only reductions per chunk, no temporary: a positive NaN or Inf is a signed
+    value of at least ``mask`` (finite positives are below it, negatives below zero), a
+    negative one an unsigned value of at least ``sign | mask`` (finite negatives are
+    below it, positives below ``sign``)."""
+    unsigned = bits.view(bits.dtype.str.replace("i", "u"))
+    top = (1 << (8 * bits.itemsize - 1)) | mask
+    for i in range(0, bits.size, chunk):  # cache-sized chunks: both reductions hit cache
+        if bits[i : i + chunk].max() >= mask or unsigned[i : i + chunk].max() >= top:
             return False
     return True

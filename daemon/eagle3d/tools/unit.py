@@ -32,7 +32,8 @@ DEFAULT_STOP_SEC = 300
 # or not a dataset, 4 output unwritable or removed/moved under the run, 5 shard locked by
 # another daemon (under systemd the old instance's cgroup is empty before a restart, so the
 # holder is someone else), 6 job fingerprint changed, 7 another shard count in the output,
-# 9 finished with too many failed samples (a restart says the same again). 1 (internal)
+# 9 finished with too many failed samples (a restart says the same again), 10 the job does
+# not fit on the output filesystem (someone must free space or move it). 1 (internal)
 # and 8 (producer could not start, e.g. an SGLang server still coming up) may be
 # transient: those restart. A full or unwritable disk during a run pauses; it exits nothing.
 NO_RESTART_EXIT = exitcodes.NO_RESTART  # exit statuses after which a restart cannot help

@@ -2,7 +2,8 @@
 
 For each ``sample saved`` record of every shard journal under ``OUTPUT/.eagle3d``: the file
 exists, its size and checksum match the record, and it loads with the right keys, dtypes and
-shapes, its states in the storage dtype of the session that saved it (``job.store_dtype``
+shapes (fp8 files: their scales too, positive and finite), its states in the storage dtype
+of the session that saved it (``job.store_dtype``
 of its ``run_started``; journals from before that field are not checked for it). The output
 tree is never listed: the journal says what should exist.
 
@@ -31,6 +32,7 @@ from eagle3proto.paths import Shard
 from eagle3d.exitcodes import Fatal
 from eagle3d.remote import storedtype
 from eagle3d.run.preflight import ShardLock
+from eagle3d.store import fp8
 from eagle3d.store.crc import file_checksum
 
 
@@ -164,7 +166,11 @@ def _check_tensors(path: str, rec: ev.SampleSaved, store_dtype: str) -> str | No
         d = torch.load(path, mmap=True, weights_only=True)
     except Exception as e:
         return f"sample {rec.idx}: {rec.path} does not load ({type(e).__name__}: {e})"
-    want = {"input_ids", "loss_mask", "hidden_state", "aux_hidden_state"}
+    try:
+        fmt = storedtype.get(store_dtype) if store_dtype else None
+    except ValueError as e:
+        return f"sample {rec.idx}: {e} (in the journal's run_started record)"
+    want = set(fmt.keys if fmt is not None else storedtype.BASE_KEYS)
     if not isinstance(d, dict) or set(d) != want:
         return f"sample {rec.idx}: keys {sorted(d) if isinstance(d, dict) else type(d)}"
     t = rec.tokens
@@ -180,16 +186,21 @@ def _check_tensors(path: str, rec: ev.SampleSaved, store_dtype: str) -> str | No
         return (
             f"sample {rec.idx}: aux_hidden_state {tuple(aux.shape)}, want (1, {t}, kH) with H={h}"
         )
-    if not store_dtype:
+    if fmt is None:
         return None
-    try:
-        stored = storedtype.get(store_dtype).torch_dtype
-    except ValueError as e:
-        return f"sample {rec.idx}: {e} (in the journal's run_started record)"
     for name, x in (("hidden_state", hid), ("aux_hidden_state", aux)):
         got = str(x.dtype).removeprefix("torch.")
-        if got != stored:
+        if got != fmt.torch_dtype:
             return f"sample {rec.idx}: {name} is {got}, the job stores {store_dtype}"
+    if fmt.scaled:  # fp8: a positive, finite scale per token and tensor
+        for name in ("hidden_state", "aux_hidden_state"):
+            key = name + storedtype.SCALE_SUFFIX
+            scale = d[key]
+            if tuple(scale.shape) != (1, t, 1):
+                return f"sample {rec.idx}: {key} {tuple(scale.shape)}, want (1, {t}, 1)"
+            bad = fp8.check(scale)
+            if bad:
+                return f"sample {rec.idx}: {key} {bad}"
     return None
 
 

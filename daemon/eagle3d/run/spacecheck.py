@@ -1,0 +1,54 @@
+"""``eagle3d run``'s space check at start: a job whose remaining samples do not fit on the
+output's filesystem with the reserve (``--space-reserve``) is refused with exit 10, before
+anything is sent. The estimate is ``eagle3d plan``'s (:func:`eagle3d.tools.plan.check_run`),
+on this shard's pending rows as the resumed journal says; ``--no-space-check`` skips it."""
+
+from __future__ import annotations
+
+import logging
+
+from eagle3proto.paths import Shard
+
+from eagle3d import config
+from eagle3d.exitcodes import EXIT_SPACE, Fatal
+from eagle3d.run import job
+
+log = logging.getLogger("eagle3d")
+
+
+def check_space(
+    cfg: config.JobConfig, facts: job.JobFacts, shard: Shard, output: str, status: bytearray
+) -> None:
+    """Raise :class:`Fatal` (exit 10) when the rest of the job does not fit; log the
+    estimate otherwise. Runs off the event loop (it tokenizes rows)."""
+    from eagle3d.store import sizing
+    from eagle3d.tools import plan
+
+    try:
+        report = plan.check_run(cfg, facts, shard, output, status)
+    except Exception as e:  # the check must never be why a job cannot start
+        log.warning("space check skipped: %s: %s", type(e).__name__, e)
+        return
+    need = sizing.size(report.bytes)
+    if report.disk is None:
+        log.warning("space check skipped: free space of %s unknown", output)
+    elif report.fits is False:
+        raise Fatal(
+            EXIT_SPACE,
+            f"the job does not fit: {need} still to write, {sizing.size(report.disk.free)}"
+            f" free on {report.disk.path}, reserve {sizing.size(report.reserve)}"
+            " (eagle3d plan with the same arguments says more; --no-space-check"
+            " starts anyway, and the run pauses when the disk is full)",
+        )
+    else:
+        how = f"a sample of {report.tokenized:,} rows" if report.sampled else "every row"
+        log.info(
+            "space: %s still to write (from %s), %s free on %s",
+            need,
+            how,
+            sizing.size(report.disk.free),
+            report.disk.path,
+        )
+
+
+__all__ = ["check_space"]

@@ -1,0 +1,65 @@
+"""Read what eagle3d wrote: one sample file, or every committed sample of an output.
+
+:func:`load_sample` returns a sample file's tensors as they are stored
+(``input_ids [T]``, ``loss_mask [T]``, ``hidden_state [1, T, H]``,
+``aux_hidden_state [1, T, 3H]``), with both states in bfloat16 (or ``dtype``) whatever the
+file's storage format: fp8 files (``--store-dtype fp8``) are dequantized with their
+per-token scales (:mod:`eagle3d.store.fp8`), the others cast.
+
+:class:`HiddenStates` is a ``torch.utils.data.Dataset`` over an output directory: its
+samples are the ones the journals say are committed (:mod:`eagle3d.store.catalog`), in sample-id
+order, never what a directory listing happens to show (a temp file, a file moved aside by
+``verify --repair``, a sample of an older session that was redone). It reads the journals
+once, when made; :meth:`HiddenStates.refresh` reads them again (an output still growing).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+
+from eagle3d.store import catalog, fp8
+
+
+def load_sample(
+    path: str | os.PathLike[str], dtype: torch.dtype = torch.bfloat16, *, mmap: bool = True
+) -> dict[str, torch.Tensor]:
+    """The tensors of the sample file at ``path``, states in ``dtype``."""
+    raw = torch.load(path, mmap=mmap, weights_only=True)
+    if not isinstance(raw, dict) or not {"input_ids", *fp8.STATES} <= set(raw):
+        keys = sorted(raw) if isinstance(raw, dict) else type(raw).__name__
+        raise ValueError(f"{path}: not an eagle3d sample file (keys {keys})")
+    return fp8.dequantize_states(raw, dtype)
+
+
+class HiddenStates(Dataset[dict[str, Any]]):
+    """The committed samples of an eagle3d output, as the journals list them.
+
+    Item ``i`` is the ``i``-th committed sample in sample-id order: its
+    :func:`load_sample` tensors plus ``idx`` (the sample id: the dataset row). Raises
+    :class:`eagle3d.store.catalog.NoJournal` for a directory without an eagle3d journal."""
+
+    def __init__(self, output: str | os.PathLike[str], dtype: torch.dtype = torch.bfloat16):
+        self.output = os.fspath(output)
+        self.dtype = dtype
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Read the journals again: samples committed since are added."""
+        self.catalog = catalog.read(self.output)
+        self.entries = self.catalog.entries
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        entry = self.entries[i]
+        sample: dict[str, Any] = load_sample(self.catalog.path(entry), self.dtype)
+        sample["idx"] = entry.idx
+        return sample
+
+
+__all__ = ["HiddenStates", "load_sample"]

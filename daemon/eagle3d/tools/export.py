@@ -1,0 +1,349 @@
+"""``eagle3d export --output OUT --to DIR --format specforge|speculators|modelopt``.
+
+Writes every committed sample of ``OUT`` (as its journals list them, :mod:`eagle3d.store.catalog`;
+never a directory listing) into ``DIR`` in a trainer's own format (:mod:`eagle3d.tools.exporters`),
+exactly once, resumable after a kill at any instant.
+
+``DIR/.eagle3d-export/`` holds the export's own state:
+
+* ``export.json`` - what is exported (format, source output, job fingerprint), written
+  atomically before the first sample; a later export into ``DIR`` of another format or
+  source is refused;
+* ``done.e3x`` - one record per exported sample, framed and checksummed as the journal's
+  records are (``eagle3proto.codec``): sample id, its row, file name, size, checksum, and
+  the source file's checksum. A record is appended and fdatasync'ed only after its file is
+  complete: written under a temp name, fdatasync'ed, renamed, its directory fsync'ed. A torn
+  last record (a kill mid-append) is cut off at the next start;
+* ``lock`` - held for the whole export (one exporter per directory).
+
+So after a kill a sample's file is either complete and recorded, or complete and not
+recorded, or absent: the next export redoes exactly the unrecorded ones (rewriting the
+same name), and a sample is never exported twice. A committed sample whose source file no
+longer matches the journal (size or checksum) is not exported and is named (exit 1: run
+``eagle3d verify --repair``, then the job, then export again). A sample re-extracted since
+its export (``verify --repair``, then a resumed run) has a new checksum and is exported
+again over its old file. An output still being extracted exports what is committed so far;
+running the export again later adds the rest. The format's index files (speculators'
+``datasets`` directory and token counts) are rewritten atomically at the end of every run
+from the manifest, so they always describe exactly the exported files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+from eagle3proto import codec
+
+from eagle3d.remote import faults
+from eagle3d.store import catalog
+from eagle3d.store.crc import file_checksum
+from eagle3d.tools import exporters
+
+STATE = ".eagle3d-export"
+BATCH = 8  # samples per directory sync and manifest sync
+
+
+class Done(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One exported sample (a manifest record)."""
+
+    idx: int
+    k: int
+    name: str
+    size: int
+    checksum: str
+    source: str  # the source file's checksum, from the journal
+    ids: bytes = b""  # int64 input ids (formats with an index: speculators)
+    mask: bytes = b""
+
+
+_encode = msgspec.msgpack.Encoder().encode
+_decode = msgspec.msgpack.Decoder(Done).decode
+
+
+@dataclass(slots=True)
+class ExportReport:
+    """What an export did; :attr:`exit_code` is the documented exit status."""
+
+    output: str
+    to: str
+    format: str
+    committed: int = 0
+    exported: int = 0  # by this run
+    already: int = 0  # by earlier runs, unchanged since
+    bytes_written: int = 0
+    problems: list[str] = field(default_factory=list)
+    refused: str = ""  # why nothing was done (usage): exit 2
+    finished_source: bool = False
+
+    @property
+    def exit_code(self) -> int:
+        """0: every committed sample is exported; 1: some could not be (damaged source
+        files, named in ``problems``); 2: refused (no journal under ``--output``, ``--to``
+        holds another export, another export is running there, the model is missing)."""
+        if self.refused:
+            return 2
+        return 1 if self.problems else 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "output": self.output,
+            "to": self.to,
+            "format": self.format,
+            "committed": self.committed,
+            "exported": self.exported,
+            "already": self.already,
+            "bytes": self.bytes_written,
+            "source_finished": self.finished_source,
+            "problems": self.problems,
+            "refused": self.refused,
+            "exit_code": self.exit_code,
+        }
+
+    def __str__(self) -> str:
+        if self.refused:
+            return f"eagle3d export: {self.refused}\nREFUSED"
+        lines = [
+            f"eagle3d export {self.output} -> {self.to} ({self.format})",
+            f"  {self.committed} committed sample(s): {self.exported} exported now, "
+            f"{self.already} by an earlier run; {self.bytes_written / 1e9:.2f} GB written",
+        ]
+        if not self.finished_source:
+            lines.append("  the job is not finished: export again once it is, for the rest")
+        lines.extend(f"  not exported: {p}" for p in self.problems[:50])
+        lines.append("OK" if not self.problems else f"{len(self.problems)} NOT EXPORTED")
+        return "\n".join(lines)
+
+
+class Manifest:
+    """``done.e3x``: the exported samples, latest record per sample wins."""
+
+    def __init__(self, state_dir: str) -> None:
+        self.path = os.path.join(state_dir, "done.e3x")
+        self.done: dict[int, Done] = {}
+        data = b""
+        with contextlib.suppress(FileNotFoundError), open(self.path, "rb") as f:
+            data = f.read()
+        scan = codec.scan(data)
+        for payload in scan.payloads:
+            rec = _decode(payload)
+            self.done[rec.idx] = rec
+        self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        if scan.end != len(data):  # a torn or damaged tail: cut it, it recorded nothing
+            os.ftruncate(self.fd, scan.end)
+            os.fsync(self.fd)
+        os.lseek(self.fd, scan.end, os.SEEK_SET)
+
+    def append(self, records: list[Done]) -> None:
+        data = b"".join(codec.encode_frame(_encode(r)) for r in records)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.fd, view) :]
+        faults.kill_point("export_before_sync")
+        os.fdatasync(self.fd)
+        for r in records:
+            self.done[r.idx] = r
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def export(output: str, to: str, fmt: str, model: str = "") -> ExportReport:
+    """Export ``output`` into ``to`` in format ``fmt`` (see the module's docstring).
+    ``model``: the target model directory (speculators' final norm), default the job's."""
+    out, dest = os.path.abspath(output), os.path.abspath(to)
+    report = ExportReport(out, dest, fmt)
+    try:
+        cat = catalog.read(out)
+    except catalog.NoJournal as e:
+        report.refused = str(e)
+        return report
+    job = cat.job
+    report.finished_source = cat.finished
+    report.problems.extend(f"journal: {p}" for p in cat.problems if cat.shards)
+    try:
+        exp = exporters.make(fmt, model or (job.model if job is not None else ""))
+    except (OSError, KeyError, ValueError) as e:
+        report.refused = f"{fmt}: {e} (give the target model with --model)"
+        return report
+    state = os.path.join(dest, STATE)
+    os.makedirs(state, exist_ok=True)
+    lock = os.open(os.path.join(state, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise
+            report.refused = f"another eagle3d export is writing into {dest}"
+            return report
+        why = _claim(state, out, fmt, job)
+        if why:
+            report.refused = why
+            return report
+        manifest = Manifest(state)
+        try:
+            _run(cat, exp, dest, manifest, report)
+        finally:
+            manifest.close()
+    finally:
+        os.close(lock)
+    return report
+
+
+def _claim(state: str, out: str, fmt: str, job: Any) -> str:
+    """Write ``export.json`` (or check the one there); '' when this export may go on."""
+    path = os.path.join(state, "export.json")
+    want = {"format": fmt, "source": out, "version": 1}
+    try:
+        with open(path, encoding="utf-8") as f:
+            have = json.load(f)
+    except FileNotFoundError:
+        meta = {**want, "fingerprint": job.fingerprint if job else "", "started": time.time()}
+        _write_atomic(path, json.dumps(meta, indent=2).encode())
+        return ""
+    if (have.get("format"), have.get("source")) != (fmt, out):
+        return (
+            f"{os.path.dirname(state)} holds a {have.get('format')} export of "
+            f"{have.get('source')}; export {out} as {fmt} into another --to"
+        )
+    return ""
+
+
+def _run(
+    cat: catalog.Catalog,
+    exp: exporters.Exporter,
+    dest: str,
+    manifest: Manifest,
+    report: ExportReport,
+) -> None:
+    from eagle3d.store.reader import load_sample
+
+    entries = cat.entries
+    report.committed = len(entries)
+    todo = []
+    for e in entries:
+        old = manifest.done.get(e.idx)
+        if old is not None and old.source == e.checksum:
+            report.already += 1
+        else:
+            todo.append(e)
+    next_k = max((d.k for d in manifest.done.values()), default=-1) + 1
+    for start in range(0, len(todo), BATCH):
+        staged: list[tuple[str, str, Done]] = []  # (temp, final, record)
+        dirs: set[str] = set()
+        for e in todo[start : start + BATCH]:
+            src = cat.path(e)
+            problem = _check_source(src, e)
+            if problem:
+                report.problems.append(problem)
+                continue
+            old = manifest.done.get(e.idx)
+            k = old.k if old is not None else next_k
+            if old is None:
+                next_k += 1
+            sample = load_sample(src)
+            name = exp.target(e.idx, k)
+            final = os.path.join(dest, name)
+            os.makedirs(os.path.dirname(final), exist_ok=True)
+            tmp = os.path.join(os.path.dirname(final), f".{os.path.basename(final)}.tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            try:
+                size, checksum = exp.write(fd, sample, e.idx)
+                os.fdatasync(fd)
+            finally:
+                os.close(fd)
+            rec = Done(idx=e.idx, k=k, name=name, size=size, checksum=checksum, source=e.checksum)
+            if exp.keeps_rows:
+                r = exporters.row(k, sample)
+                rec.ids, rec.mask = r.input_ids, r.loss_mask
+            staged.append((tmp, final, rec))
+            dirs.add(os.path.dirname(final))
+        for tmp, final, _ in staged:
+            os.rename(tmp, final)
+            faults.kill_point("export_after_rename")
+        for d in sorted(dirs):
+            _fsync_dir(d)
+        if staged:
+            manifest.append([rec for *_, rec in staged])
+            report.exported += len(staged)
+            report.bytes_written += sum(rec.size for *_, rec in staged)
+    rows = [exporters.Row(d.k, d.ids, d.mask) for d in manifest.done.values()]
+    for name, data in exp.finish(dest, rows):
+        _write_atomic(os.path.join(dest, name), data)
+
+
+def _check_source(path: str, e: catalog.Entry) -> str:
+    """'' when the committed file is what the journal recorded, else the problem."""
+    try:
+        size, checksum = file_checksum(path)
+    except FileNotFoundError:
+        return f"sample {e.idx}: {e.path} is missing"
+    if (size, checksum) != (e.bytes, e.checksum):
+        return f"sample {e.idx}: {e.path} does not match the journal (eagle3d verify says more)"
+    return ""
+
+
+def _write_atomic(path: str, data: bytes) -> None:
+    """``data`` under ``path``: a temp file beside it, fdatasync, rename, directory fsync."""
+    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+    os.rename(tmp, path)
+    _fsync_dir(os.path.dirname(path))
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "export",
+        help="write the committed samples in another trainer's format",
+        description="Write every committed sample of --output (as the journal lists them) "
+        "into --to in the format a trainer reads: specforge (bfloat16 .ckpt files, e.g. of "
+        "an fp8 output), speculators (a datasets directory and hidden_states/hs_<k>."
+        "safetensors), modelopt (<idx>.pt). Exactly once; rerun the same command to resume "
+        "after a kill, or to add what a job committed since. Exit 0: all exported; 1: some "
+        "committed files do not match the journal (named); 2: refused.",
+    )
+    p.add_argument("--output", "-o", required=True, help="output directory of a job")
+    p.add_argument("--to", required=True, help="directory to export into")
+    p.add_argument("--format", required=True, choices=exporters.FORMATS)
+    p.add_argument(
+        "--model", default="", help="target model directory (default: the job's; speculators)"
+    )
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p.set_defaults(func=cmd_export)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    report = export(args.output, args.to, args.format, args.model)
+    if args.json:
+        sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")
+    else:
+        print(report)
+    return report.exit_code
+
+
+__all__ = ["ExportReport", "export", "register"]

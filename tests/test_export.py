@@ -1,0 +1,201 @@
+"""``eagle3d export`` (eagle3d.export, eagle3d.exporters): each format as its trainer's reader
+reads it, exactly once, resumed after a kill at any of its steps, refused where it must be.
+
+The trainers' own readers (SpecForge's, speculators', ModelOpt's) load these exports in
+the downstream stage (tests/test_downstream_readers.py, in .venv-specforge); here the files
+are read the way those readers read them (torch.load, safetensors, pyarrow)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+import torch
+from daemon_harness import ENV, conversations, run, run_args, write_jsonl
+from eagle3d.reader import HiddenStates, load_sample
+from eagle3d.store import catalog
+from eagle3d.tools import export
+from safetensors.torch import load_file
+
+
+def eagle3d_export(out: Path, to: Path, fmt: str, env: dict[str, str] | None = None) -> Any:
+    cmd = [sys.executable, "-m", "eagle3d", "export", "-o", str(out), "--to", str(to)]
+    r = subprocess.run(
+        [*cmd, "--format", fmt, "--json"],
+        env={**ENV, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return r.returncode, (json.loads(r.stdout) if r.stdout.startswith("{") else r.stderr)
+
+
+def manifest(to: Path) -> list[export.Done]:
+    data = (to / export.STATE / "done.e3x").read_bytes()
+    from eagle3proto import codec
+
+    return [export._decode(p) for p in codec.scan(data).payloads]
+
+
+def test_specforge_export_of_fp8_files_is_bf16_in_specforges_layout(
+    stored_outputs: Any, tmp_path: Path
+) -> None:
+    src = stored_outputs["fp8"]
+    rc, rep = eagle3d_export(src, tmp_path / "sf", "specforge")
+    assert rc == 0 and rep["exported"] == rep["committed"] == 40, rep
+    files = sorted((tmp_path / "sf").rglob("*.ckpt"))  # as SpecForge finds them
+    assert len(files) == 40
+    by_idx = {int(f.stem.removeprefix("data_")): f for f in files}
+    for item in HiddenStates(src):
+        d = torch.load(by_idx[item["idx"]], mmap=True, weights_only=True)
+        assert list(d) == ["input_ids", "loss_mask", "hidden_state", "aux_hidden_state"]
+        assert d["hidden_state"].dtype == d["aux_hidden_state"].dtype == torch.bfloat16
+        for k in d:
+            assert torch.equal(d[k], item[k]), k
+
+
+def test_modelopt_export_is_one_pt_per_conversation_as_its_reader_loads_it(
+    stored_outputs: Any, tmp_path: Path
+) -> None:
+    src = stored_outputs["fp8"]
+    rc, rep = eagle3d_export(src, tmp_path / "mo", "modelopt")
+    assert rc == 0 and rep["exported"] == 40, rep
+    files = sorted((tmp_path / "mo").glob("*.pt"))
+    assert len(files) == 40
+    for item in HiddenStates(src):
+        d = torch.load(tmp_path / "mo" / f"{item['idx']:08d}.pt", weights_only=True)
+        assert d["conversation_id"] == f"{item['idx']:08d}"
+        assert torch.equal(d["input_ids"], item["input_ids"])
+        assert torch.equal(d["loss_mask"], item["loss_mask"])
+        assert torch.equal(d["hidden_states"], item["hidden_state"][0])  # [T, H], post-norm
+        assert torch.equal(d["aux_hidden_states"], item["aux_hidden_state"][0])  # [T, 3H]
+        assert "hidden_states_prenorm" not in d
+
+
+def test_speculators_export_holds_rows_states_and_token_counts(
+    stored_outputs: Any, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    src, to = stored_outputs["bfloat16"], tmp_path / "spec"
+    rc, rep = eagle3d_export(src, to, "speculators")
+    assert rc == 0 and rep["exported"] == 40, rep
+    state = json.loads((to / "state.json").read_text())
+    assert state["_format_type"] == "torch"
+    assert state["_data_files"] == [{"filename": "data-00000-of-00001.arrow"}]
+    with pa.memory_map(str(to / "data-00000-of-00001.arrow")) as f:
+        table = pa.ipc.open_stream(f).read_all()
+    assert table.column_names == ["input_ids", "loss_mask", "seq_len"]
+    assert table.schema.field("input_ids").type == pa.list_(pa.int64())
+    rows = {r.k: r.idx for r in manifest(to)}
+    assert sorted(rows) == list(range(40))
+    norm = load_file(str(tiny_model_dir / "model.safetensors"))["model.norm.weight"].float()
+    eps = json.loads((tiny_model_dir / "config.json").read_text())["rms_norm_eps"]
+    cat = catalog.read(str(src))
+    source = {e.idx: cat.path(e) for e in cat.entries}
+    freq: dict[int, int] = {}
+    for k in range(40):
+        item = load_sample(source[rows[k]])
+        hs = load_file(str(to / "hidden_states" / f"hs_{k}.safetensors"))
+        t, h = item["hidden_state"].shape[1:]
+        assert torch.equal(hs["token_ids"], item["input_ids"])
+        assert table["input_ids"][k].as_py() == item["input_ids"].tolist()
+        assert table["loss_mask"][k].as_py() == item["loss_mask"].tolist()
+        assert table["seq_len"][k].as_py() == t
+        assert (
+            hs["hidden_states"].shape == (t, 4, h) and hs["hidden_states"].dtype == torch.bfloat16
+        )
+        assert torch.equal(hs["hidden_states"][:, :3].flatten(1), item["aux_hidden_state"][0])
+        # The trainer applies the target's final RMSNorm to the last layer itself.
+        x = hs["hidden_states"][:, 3].float()
+        y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * norm
+        want = item["hidden_state"][0].float()
+        assert float((y - want).norm() / want.norm()) < 0.01
+        for i, m in zip(item["input_ids"].tolist(), item["loss_mask"].tolist(), strict=True):
+            if m:
+                freq[i] = freq.get(i, 0) + 1
+    assert torch.load(to / "token_freq.pt", weights_only=True) == freq
+
+
+@pytest.mark.parametrize(
+    ("fmt", "point"),
+    [("speculators", "export_after_rename:13"), ("modelopt", "export_before_sync:2")],
+)
+def test_an_export_killed_and_resumed_exports_every_sample_exactly_once(
+    stored_outputs: Any, tmp_path: Path, fmt: str, point: str
+) -> None:
+    src, to = stored_outputs["fp8"], tmp_path / fmt
+    rc, _ = eagle3d_export(src, to, fmt, {"EAGLE3D_FAULT": f"kill:{point}"})
+    assert rc == 137
+    first = manifest(to)
+    assert 0 < len(first) < 40
+    rc, rep = eagle3d_export(src, to, fmt)
+    assert rc == 0, rep
+    assert rep["already"] == len(first) and rep["exported"] == 40 - len(first), rep
+    recs = manifest(to)
+    assert len(recs) == 40 and len({r.idx for r in recs}) == 40  # never twice
+    assert sorted(r.k for r in recs) == list(range(40))
+    assert {r.idx for r in recs} == {e.idx for e in catalog.read(str(src)).entries}
+    names = {r.name for r in recs}
+    on_disk = {str(p.relative_to(to)) for p in to.rglob("*") if p.is_file()}
+    assert names <= on_disk
+    assert not [n for n in on_disk if n.endswith(".tmp")], on_disk
+    for r in recs:  # every file is the one recorded
+        from eagle3d.store.crc import file_checksum
+
+        assert file_checksum(str(to / r.name)) == (r.size, r.checksum)
+    rc, rep = eagle3d_export(src, to, fmt)  # a third run: nothing to do
+    assert rc == 0 and rep["exported"] == 0 and rep["already"] == 40
+    assert len(manifest(to)) == 40
+
+
+def test_an_export_grows_with_its_job_and_keeps_its_rows(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Exported while the job was stopped partway, then again after it finished: the rest
+    is added, the first rows keep their numbers."""
+    data = write_jsonl(tmp_path / "d.jsonl", conversations(30, seed=3))
+    out, to = tmp_path / "out", tmp_path / "spec"
+    r = subprocess.run(
+        run_args(tiny_model_dir, data, out, "--store-dtype", "fp8"),
+        env={**ENV, "EAGLE3D_FAULT": "kill:after_rename:12"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 137, r.stderr[-2000:]
+    rc, rep = eagle3d_export(out, to, "speculators")
+    assert rc == 0 and not rep["source_finished"], rep
+    first = {rec.idx: rec.k for rec in manifest(to)}
+    assert 0 < len(first) < 30
+    assert run(tiny_model_dir, data, out, "--store-dtype", "fp8").returncode == 0
+    rc, rep = eagle3d_export(out, to, "speculators")
+    assert rc == 0 and rep["source_finished"] and rep["already"] == len(first), rep
+    recs = {rec.idx: rec.k for rec in manifest(to)}
+    assert len(recs) == 30 and all(recs[i] == k for i, k in first.items())
+    with pa.memory_map(str(to / "data-00000-of-00001.arrow")) as f:
+        assert pa.ipc.open_stream(f).read_all().num_rows == 30
+
+
+def test_refusals_and_damaged_sources(stored_outputs: Any, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    shutil.copytree(stored_outputs["bfloat16"], src)
+    rc, rep = eagle3d_export(tmp_path / "nothing", tmp_path / "x", "modelopt")
+    assert rc == 2 and "no eagle3d journal" in rep["refused"]
+    victim = catalog.read(str(src)).entries[5]
+    with open(src / victim.path, "r+b") as f:
+        f.seek(100)
+        f.write(b"\0" * 8)
+    rc, rep = eagle3d_export(src, tmp_path / "mo", "modelopt")
+    assert rc == 1 and rep["exported"] == 39, rep
+    said = f"sample {victim.idx}: {victim.path} does not match the journal"
+    assert rep["problems"] == [f"{said} (eagle3d verify says more)"]
+    assert not (tmp_path / "mo" / f"{victim.idx:08d}.pt").exists()
+    rc, rep = eagle3d_export(src, tmp_path / "mo", "specforge")
+    assert rc == 2 and "holds a modelopt export" in rep["refused"], rep
+    rc, rep = eagle3d_export(stored_outputs["fp8"], tmp_path / "mo", "modelopt")
+    assert rc == 2 and "holds a modelopt export of" in rep["refused"], rep
