@@ -11,7 +11,7 @@ from eagle3d.dumps.format import Dump
 from eagle3d.store import committer as commit
 from eagle3d.store.committer import CommitError, Committed, Committer
 from eagle3d.store.crc import file_checksum
-from eagle3d.store.validate import all_finite
+from eagle3d.store.validate import all_finite, finite_bits
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
@@ -47,13 +47,13 @@ def test_finite_bits_at_the_edges_of_the_exponent(
     }[np_dtype]
     unsigned = np.dtype(name.replace("int", "uint"))
     ok = np.array(finite, dtype=unsigned).view(name)
-    assert commit.finite_bits(ok, mask)
+    assert finite_bits(ok, mask)
     for b in bad:
         for pos in (0, 5, 9):  # first chunk, a later chunk, the last element
             x = np.zeros(10, dtype=unsigned)
             x[:] = finite[0]
             x[pos] = b
-            assert not commit.finite_bits(x.view(name), mask, chunk=4), (hex(b), pos)
+            assert not finite_bits(x.view(name), mask, chunk=4), (hex(b), pos)
 
 
 def test_all_finite_with_an_overflowing_sum_of_finite_values() -> None:
