@@ -28,7 +28,7 @@ def tiny_tokenizer(tiny_model_dir: Path) -> Any:
 def stored_outputs(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Any:
     """One dataset (40 conversations and a malformed line) extracted by the real daemon
     twice, with ``--store-dtype bfloat16`` and ``fp8``: ``{"dataset", "bfloat16", "fp8"}``."""
-    from daemon_harness import conversations, run, write_jsonl
+    from runkit import conversations, run, write_jsonl
 
     root = tmp_path_factory.mktemp("stored")
     data = write_jsonl(root / "data.jsonl", [*conversations(40), "{not json"])

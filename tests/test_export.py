@@ -17,10 +17,10 @@ from typing import Any
 import pyarrow as pa
 import pytest
 import torch
-from daemon_harness import ENV, conversations, run, run_args, write_jsonl
 from eagle3d.reader import HiddenStates, load_sample
 from eagle3d.store import catalog
 from eagle3d.tools import export
+from runkit import ENV, conversations, run, run_args, write_jsonl
 from safetensors.torch import load_file
 
 

@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon_harness import ENV, conversations, events, run, run_args, write_jsonl
 from eagle3d import config
 from eagle3d.remote import storedtype
 from eagle3d.store import sizing
 from eagle3d.tools import plan
 from eagle3d.tools.verify import verify
 from eagle3proto import events as ev
+from runkit import ENV, conversations, events, run, run_args, write_jsonl
 
 
 def eagle3d_plan(model: Path, data: Path, out: Path, *extra: str) -> tuple[int, dict[str, Any]]:

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 import torch
-from daemon_harness import ENV
 from eagle3d.reader import HiddenStates, load_sample
 from eagle3d.store import catalog, fp8
 from eagle3proto import paths
+from runkit import ENV
 
 
 def test_fp8_and_bf16_files_read_back_as_the_same_samples(stored_outputs: Any) -> None:
