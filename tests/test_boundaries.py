@@ -186,6 +186,24 @@ def test_the_legacy_hook_path_is_only_a_pointer_into_remote() -> None:
     assert {m for m in GRAPH["eagle3d.sglang_hook"] if _own(m)} == {"eagle3d.remote.sglang_hook"}
 
 
+def test_the_public_reader_and_trainer_names_are_only_pointers() -> None:
+    # eagle3d.reader and python -m eagle3d.specforge_train are names users write (issue #21);
+    # the code lives in its stage's package.
+    assert {m for m in GRAPH["eagle3d.reader"] if _own(m)} == {"eagle3d.store.reader"}
+    trainer = {m for m in GRAPH["eagle3d.specforge_train"] if _own(m)}
+    assert trainer == {"eagle3d.tools.specforge_train"}
+    top = {n for n in MODULES if n.count(".") == 1 and n.startswith("eagle3d.")}
+    assert top == {
+        "eagle3d.__main__",
+        "eagle3d.cli",
+        "eagle3d.config",
+        "eagle3d.exitcodes",
+        "eagle3d.reader",
+        "eagle3d.sglang_hook",
+        "eagle3d.specforge_train",
+    } | {n for n in top if MODULES[n].name == "__init__.py"}
+
+
 #: The pure core: no clock, no thread, no event loop, no process, no socket, no file.
 IMPURE = {
     "asyncio",

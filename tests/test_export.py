@@ -1,5 +1,5 @@
-"""``eagle3d export`` (eagle3d.export, eagle3d.exporters): each format as its trainer's reader
-reads it, exactly once, resumed after a kill at any of its steps, refused where it must be.
+"""``eagle3d export`` (eagle3d.tools.export, eagle3d.tools.exporters): each format as its
+trainer's reader reads it, exactly once, resumed after a kill at any of its steps, refused where it must be.
 
 The trainers' own readers (SpecForge's, speculators', ModelOpt's) load these exports in
 the downstream stage (tests/test_downstream_readers.py, in .venv-specforge); here the files

@@ -1,4 +1,4 @@
-"""fp8 states (eagle3d.fp8): the round trip's error bounds, the scales, the commit's fused
+"""fp8 states (eagle3d.store.fp8): the round trip's error bounds, the scales, the commit's fused
 quantization against the whole-tensor one, and what a reader gets back."""
 
 from __future__ import annotations

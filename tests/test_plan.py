@@ -1,5 +1,5 @@
-"""``eagle3d plan`` and ``eagle3d run``'s space check (eagle3d.plan, eagle3d.sizing): the
-estimate against what real runs wrote, for bfloat16 and fp8; a resumed job counts what
+"""``eagle3d plan`` and ``eagle3d run``'s space check (eagle3d.tools.plan,
+eagle3d.store.sizing, eagle3d.run.spacecheck): the estimate against what real runs wrote, for bfloat16 and fp8; a resumed job counts what
 remains; a sampled plan's bound; a run refused on a small tmpfs (exit 10)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The reader (eagle3d.reader) and the journal's catalogue of committed samples
-(eagle3d.catalog): any storage format back in bfloat16, a Dataset driven by the journal."""
+(eagle3d.store.catalog): any storage format back in bfloat16, a Dataset driven by the journal."""
 
 from __future__ import annotations
 
