@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from importlib import resources
+from pathlib import Path
 
 import pytest
 from eagle3proto import paths
@@ -117,13 +118,29 @@ def test_tmux_against_the_event_source(tmp_path) -> None:
             t.kill()
 
 
+@pytest.fixture(scope="module")
+def slow_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An 8-layer h256 model: the 4-layer h64 one saves 60 samples in a third of a second
+    here, between two of the TUI's refreshes, so its running state could never be seen."""
+    from eagle3d.tinymodel import build_tiny_model
+
+    return Path(build_tiny_model(tmp_path_factory.mktemp("slow-model"), layers=8, hidden=256))
+
+
 @pytest.mark.slow
-def test_tmux_against_the_real_daemon(tmp_path, tiny_model_dir) -> None:
+def test_tmux_against_the_real_daemon(tmp_path, slow_model_dir) -> None:
     data = str(resources.files("eagle3d").joinpath("data/demo.jsonl"))
     subset = tmp_path / "data.jsonl"
     with open(data) as f:
         subset.write_text("".join(f.readlines()[:60]))
     out = str(tmp_path / "out")
+    # The monitor first, so that it watches the whole run from the daemon's start.
+    t = Tmux([EAGLE3_TOP, "--output", out, "--interval", "0.5"])
+    try:
+        t.wait_screen(lambda s: "eagle3-top" in s, timeout=60)
+    except BaseException:
+        t.kill()
+        raise
     daemon = subprocess.Popen(
         [
             sys.executable,
@@ -131,7 +148,7 @@ def test_tmux_against_the_real_daemon(tmp_path, tiny_model_dir) -> None:
             "eagle3d",
             "run",
             "--model",
-            str(tiny_model_dir),
+            str(slow_model_dir),
             "--dataset",
             str(subset),
             "--output",
@@ -144,7 +161,6 @@ def test_tmux_against_the_real_daemon(tmp_path, tiny_model_dir) -> None:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    t = Tmux([EAGLE3_TOP, "--output", out, "--interval", "0.5"])
     try:
         t.wait_screen(lambda s: "live (socket)" in s and "RUNNING" in s, timeout=60)
         assert daemon.wait(90) == 0

@@ -43,11 +43,14 @@ from typing import Any
 
 import msgspec
 from eagle3proto import codec
+from eagle3proto.fileops import OsFileOps
 
 from eagle3d.remote import faults
 from eagle3d.store import catalog
 from eagle3d.store.crc import file_checksum
 from eagle3d.tools import exporters
+
+_FS = OsFileOps()  # the directory fsync, as the journal does it
 
 STATE = ".eagle3d-export"
 BATCH = 8  # samples per directory sync and manifest sync
@@ -272,7 +275,7 @@ def _run(
             os.rename(tmp, final)
             faults.kill_point("export_after_rename")
         for d in sorted(dirs):
-            _fsync_dir(d)
+            _FS.fsync_dir(d)
         if staged:
             manifest.append([rec for *_, rec in staged])
             report.exported += len(staged)
@@ -305,15 +308,7 @@ def _write_atomic(path: str, data: bytes) -> None:
     finally:
         os.close(fd)
     os.rename(tmp, path)
-    _fsync_dir(os.path.dirname(path))
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    _FS.fsync_dir(os.path.dirname(path))
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
