@@ -147,35 +147,8 @@ def make_plan(
 
     _, blank_ids = dataformats.count(cfg.dataset, facts.fmt)
     shards = [Shard(i, own.count) for i in range(own.count)]
-    plans, tokenized, sampled, per_token = estimate(
-        cfg, facts, shards, output, blank=set(blank_ids), sample=sample, seed=seed
-    )
-    problems = []
-    try:
-        disk: sizing.Disk | None = sizing.free_space(output)
-    except OSError as e:
-        disk, problems = None, [f"free space of {output}: {e.strerror or e}"]
-    reserve = sizing.parse_size(cfg.space_reserve, disk.total if disk else 0)
-    return PlanReport(
-        model=os.path.abspath(cfg.model),
-        dataset=os.path.abspath(cfg.dataset),
-        output=output,
-        store_dtype=facts.job.store_dtype,
-        hidden=facts.hidden_size,
-        layers=len(facts.layers),
-        max_length=cfg.max_length,
-        rows=facts.lines,
-        blank=len(blank_ids),
-        tokenized=tokenized,
-        sampled=sampled,
-        seconds=time.monotonic() - t0,
-        shards=plans,
-        scope=own if own.count > 1 else None,
-        disk=disk,
-        reserve=reserve,
-        bytes_per_token=per_token,
-        problems=problems,
-    )
+    found = estimate(cfg, facts, shards, output, blank=set(blank_ids), sample=sample, seed=seed)
+    return _report(cfg, facts, output, found, len(blank_ids), own if own.count > 1 else None, t0)
 
 
 def check_run(
@@ -184,13 +157,27 @@ def check_run(
     """``eagle3d run``'s check at start: its own shard's remaining rows (``status``: the
     daemon's resume fold) against the output's free space."""
     t0 = time.monotonic()
-    plans, tokenized, sampled, per_token = estimate(
-        cfg, facts, [shard], output, blank=set(facts.blank), status=status
-    )
+    found = estimate(cfg, facts, [shard], output, blank=set(facts.blank), status=status)
+    return _report(cfg, facts, output, found, len(facts.blank), shard, t0)
+
+
+def _report(
+    cfg: config.JobConfig,
+    facts: job.JobFacts,
+    output: str,
+    found: tuple[list[ShardPlan], int, bool, float],
+    blank: int,
+    scope: Shard | None,
+    t0: float,
+) -> PlanReport:
+    """The report of an :func:`estimate`, with the output filesystem's free space read now
+    (a failure to read it is a problem the report names, not an error: fits is then unknown)."""
+    plans, tokenized, sampled, per_token = found
+    problems = []
     try:
         disk: sizing.Disk | None = sizing.free_space(output)
-    except OSError:
-        disk = None
+    except OSError as e:
+        disk, problems = None, [f"free space of {output}: {e.strerror or e}"]
     return PlanReport(
         model=os.path.abspath(cfg.model),
         dataset=os.path.abspath(cfg.dataset),
@@ -200,15 +187,16 @@ def check_run(
         layers=len(facts.layers),
         max_length=cfg.max_length,
         rows=facts.lines,
-        blank=len(facts.blank),
+        blank=blank,
         tokenized=tokenized,
         sampled=sampled,
         seconds=time.monotonic() - t0,
         shards=plans,
-        scope=shard,
+        scope=scope,
         disk=disk,
         reserve=sizing.parse_size(cfg.space_reserve, disk.total if disk else 0),
         bytes_per_token=per_token,
+        problems=problems,
     )
 
 
