@@ -21,7 +21,7 @@ bfloat16 states (the archive the commit writes):
    instead (removed on a thread of its own at the lowest CPU priority, bounded), and the
    clock stops once it has removed them all: the daemon's commit path now.
 
-    flock /tmp/eagle3d-bench.lock .venv/bin/python bench/commit_breakdown.py [--rounds 3]
+    flock /tmp/eagle3d-bench.lock .venv/bin/python bench/commit_breakdown.py [--rounds 3] [--layers 4,5,6]
 """
 
 from __future__ import annotations
@@ -163,6 +163,9 @@ def main() -> int:
     p.add_argument("--samples", type=int, default=96)
     p.add_argument("--threads", type=int, default=3)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument(
+        "--layers", default="1,2,3,4,5,6", help="which layers beside the baseline (e.g. 4,5,6)"
+    )
     a = p.parse_args()
 
     import torch
@@ -201,6 +204,8 @@ def main() -> int:
             ("5. + a durable journal record per sample, the dump's unlink", lambda: commits(base, dumps, t, h, a.threads, True)),
             ("6. as 5, the dumps removed by the reaper", lambda: commits(base, dumps, t, h, a.threads, True, reap=True)),
         ]  # fmt: skip
+        wanted = {int(x) for x in a.layers.split(",") if x}
+        layers = [layers[0], *(layer for k, layer in enumerate(layers[1:], 1) if k in wanted)]
         results: dict[str, list[tuple[float, float]]] = {name: [] for name, _ in layers}
         ratios: dict[str, list[float]] = {name: [] for name, _ in layers}
         for r in range(a.rounds):
