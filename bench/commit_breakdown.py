@@ -19,7 +19,9 @@ bfloat16 states (the archive the commit writes):
    commit thread (the daemon's commit path before the reaper);
 6. ``the reaper``: as 5, the dumps handed to the daemon's :class:`eagle3d.run.reaper.Reaper`
    instead (removed on a thread of its own at the lowest CPU priority, bounded), and the
-   clock stops once it has removed them all: the daemon's commit path now.
+   clock stops once it has removed them all: the daemon's commit path now;
+7. ``the reaper at nice 0``: as 6, the reaper at the commit threads' priority (for the
+   choice of the lowest).
 
     flock /tmp/eagle3d-bench.lock .venv/bin/python bench/commit_breakdown.py [--rounds 3] [--layers 4,5,6]
 """
@@ -100,7 +102,14 @@ def raw(base: str, n: int, size: int, threads: int, level: int) -> tuple[float, 
 
 
 def commits(
-    base: str, dumps: Any, tokens: int, hidden: int, threads: int, journal: bool, reap: bool = False
+    base: str,
+    dumps: Any,
+    tokens: int,
+    hidden: int,
+    threads: int,
+    journal: bool,
+    reap: bool = False,
+    nice: int = 19,
 ) -> tuple[float, float]:
     """Layers 4-6: the daemon's Committer over real dumps (and its journal records, the
     dumps' removal on the commit thread or by the reaper)."""
@@ -118,7 +127,7 @@ def commits(
         j.open()
     ids, mask, layers = list(range(tokens)), [1] * tokens, [2, 16, 29]
     sources = dumps()  # fresh dumps, written before the clock starts
-    reaper = Reaper(limit_for(os.path.dirname(sources[0]))) if reap else None
+    reaper = Reaper(limit_for(os.path.dirname(sources[0])), nice=nice) if reap else None
 
     def batch(first: int) -> int:
         part = list(range(first, min(first + BATCH, len(sources))))
@@ -164,7 +173,7 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=3)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument(
-        "--layers", default="1,2,3,4,5,6", help="which layers beside the baseline (e.g. 4,5,6)"
+        "--layers", default="1,2,3,4,5,6,7", help="which layers beside the baseline (e.g. 4,5,6)"
     )
     a = p.parse_args()
 
@@ -203,6 +212,7 @@ def main() -> int:
             ("4. + read the dump into the archive buffer, check, checksum", lambda: commits(base, dumps, t, h, a.threads, False)),
             ("5. + a durable journal record per sample, the dump's unlink", lambda: commits(base, dumps, t, h, a.threads, True)),
             ("6. as 5, the dumps removed by the reaper", lambda: commits(base, dumps, t, h, a.threads, True, reap=True)),
+            ("7. as 6, the reaper at the commit threads' priority (nice 0)", lambda: commits(base, dumps, t, h, a.threads, True, reap=True, nice=0)),
         ]  # fmt: skip
         wanted = {int(x) for x in a.layers.split(",") if x}
         layers = [layers[0], *(layer for k, layer in enumerate(layers[1:], 1) if k in wanted)]
