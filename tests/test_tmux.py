@@ -122,7 +122,7 @@ def test_tmux_against_the_event_source(tmp_path) -> None:
 def slow_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An 8-layer h256 model: the 4-layer h64 one saves 60 samples in a third of a second
     here, between two of the TUI's refreshes, so its running state could never be seen."""
-    from eagle3d.tinymodel import build_tiny_model
+    from eagle3d.tools.tinymodel import build_tiny_model
 
     return Path(build_tiny_model(tmp_path_factory.mktemp("slow-model"), layers=8, hidden=256))
 
