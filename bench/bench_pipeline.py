@@ -11,9 +11,11 @@ measured in the same run on this machine.
   writing the same bytes to the same disk (what the disk takes), interleaved rounds
   (``--rounds``); see :func:`commit_rows`. ``bench/commit_breakdown.py`` takes the commit
   path apart layer by layer against the same baseline.
+* ``splice``: the commit's splice fast path against the general path (``EAGLE3D_SPLICE=0``),
+  the same daemon runs interleaved (``--rounds``); see :func:`splice_rows`.
 * ``rss``: peak RSS of the daemon process for a small and a 10x larger dataset.
 
-    .venv/bin/python bench/bench_pipeline.py [forward|serial|commit|rss|all] [--markdown]
+    .venv/bin/python bench/bench_pipeline.py [forward|serial|gpu-like|commit|splice|rss|all] [--markdown]
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import itertools
 import json
 import os
 import random
+import resource
 import shutil
 import subprocess
 import sys
@@ -175,6 +178,7 @@ def run_daemon(
         *extra,
     ]
     t0 = time.monotonic()
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.Popen(
         cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )
@@ -185,6 +189,9 @@ def run_daemon(
     if watcher is not None:
         watcher.stop()
     wall = time.monotonic() - t0
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    # The daemon's CPU (user + system, its threads and any worker process), whole process.
+    cpu_s = ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime
     os.sync()  # and this run's leftovers before the bare loop that follows is timed
     if proc.returncode != 0:
         raise RuntimeError(f"eagle3d run failed ({proc.returncode}): {err[-2000:]}")
@@ -218,6 +225,7 @@ def run_daemon(
         "mb_s": sum(e.bytes for e in saved) / span / 1e6,
         "rss": rss.peak,
         "children_rss": rss.children_peak,
+        "cpu_s": cpu_s,
     }
 
 
@@ -553,6 +561,79 @@ def commit_rows(base: Path, model: Path, rounds: int) -> list[tuple[str, str, st
     ]
 
 
+def splice_rows(base: Path, model: Path, rounds: int) -> list[tuple[str, str, str, str]]:
+    """``splice``: the A/B of the commit's splice fast path (issue #19), end to end.
+
+    The daemon as in :func:`commit_rows` (synthetic producer, 96 samples x 34 MB, bf16,
+    3 commit threads, dumps in /dev/shm), with the fast path (the default) and without it
+    (``EAGLE3D_SPLICE=0``: every dump loaded with safetensors, checked, gathered into the
+    archive), once with dumps that cost nothing (the commit path alone) and once with the
+    producer writing each dump (the commit's share of a CPU shared with the producer).
+    Interleaved: who goes first alternates from round to round. The ratio is "without"
+    over "with" committed MB/s, per round (below 1: the fast path pays)."""
+    big = big_model_dir(base, 4096, 32, model)
+    rnd = random.Random(11)
+    ids = [rnd.randrange(7, 1000) for _ in range(1024)]
+    same = base / "same.jsonl"
+    same.write_text(
+        "".join(
+            json.dumps({"input_ids": ids, "loss_mask": [i % 2 for i in range(1024)]}) + "\n"
+            for _ in range(96)
+        )
+    )
+    varied = pretokenized(base / "big.jsonl", 96, 1024, 1000)
+    args = ("--backend", "synthetic", "--commit-threads", "3", "--concurrency", "12")
+    shm = os.path.join("/dev/shm", f"bench-splice-{os.getpid()}")
+    got: dict[str, list[float]] = {f"{k}-{s}": [] for k in ("link", "write") for s in ("1", "0")}
+    cpu: dict[str, list[float]] = {k: [] for k in got}
+    for r in range(rounds):
+        order = ("1", "0") if r % 2 == 0 else ("0", "1")
+        for kind, data in (("link", str(same)), ("write", varied)):
+            for s in order:
+                ENV["EAGLE3D_SPLICE"] = s
+                if kind == "link":
+                    ENV["EAGLE3D_SYNTHETIC_LINK"] = "1"
+                try:
+                    d = run_daemon(big, data, base / "out-splice", *args, dumps=shm)
+                finally:
+                    ENV.pop("EAGLE3D_SPLICE", None)
+                    ENV.pop("EAGLE3D_SYNTHETIC_LINK", None)
+                got[f"{kind}-{s}"].append(d["mb_s"])
+                cpu[f"{kind}-{s}"].append(d["cpu_s"] / d["samples"] * 1000)
+        print(
+            f"round {r + 1} (load {os.getloadavg()[0]:.1f}): "
+            + ", ".join(
+                f"{k} {v[-1]:.0f} MB/s ({cpu[k][-1]:.1f} CPU ms/sample)" for k, v in got.items()
+            ),
+            file=sys.stderr,
+        )
+
+    def med(xs: list[float]) -> float:
+        return sorted(xs)[len(xs) // 2]
+
+    rows = []
+    for kind, what in (("link", "dumps that cost nothing"), ("write", "the producer writing each dump")):  # fmt: skip
+        each = [b / a for a, b in zip(got[f"{kind}-1"], got[f"{kind}-0"], strict=True)]
+        rows.append(
+            (
+                f"committed MB/s without the splice fast path (EAGLE3D_SPLICE=0), {what}",
+                f"{med(got[f'{kind}-0']):,.0f} MB/s",
+                f"with it (the default): {med(got[f'{kind}-1']):,.0f} MB/s",
+                f"{med(each):.2f} ({', '.join(f'{x:.2f}' for x in each)})",
+            )
+        )
+        each = [b / a for a, b in zip(cpu[f"{kind}-1"], cpu[f"{kind}-0"], strict=True)]
+        rows.append(
+            (
+                f"  the daemon's CPU ms per sample (whole process), without it, {what}",
+                f"{med(cpu[f'{kind}-0']):.1f} ms",
+                f"with it: {med(cpu[f'{kind}-1']):.1f} ms",
+                f"{med(each):.2f} ({', '.join(f'{x:.2f}' for x in each)})",
+            )
+        )
+    return rows
+
+
 def main() -> int:
     if sys.argv[1:2] == ["_bare-part"]:
         return _bare_part(sys.argv[2:])
@@ -561,7 +642,7 @@ def main() -> int:
         "which",
         nargs="?",
         default="all",
-        choices=("forward", "serial", "gpu-like", "commit", "rss", "all"),
+        choices=("forward", "serial", "gpu-like", "commit", "splice", "rss", "all"),
     )
     p.add_argument("--markdown", action="store_true")
     p.add_argument("--dir", default=None)
@@ -708,6 +789,8 @@ def main() -> int:
             )
         if args.which in ("commit", "all"):
             rows.extend(commit_rows(base, model, args.rounds if args.which == "commit" else 1))
+        if args.which == "splice":
+            rows.extend(splice_rows(base, model, args.rounds))
         if args.which in ("rss", "all"):
             big = big_model_dir(base, 512, 8, model)
             res = []

@@ -15,10 +15,15 @@ bfloat16 states (the archive the commit writes):
    in /dev/shm: each dump read into the archive buffer (a copy), checked (ids, shapes,
    NaN/Inf), checksummed, then 1-3;
 5. ``+ journal record``: and one durable ``sample_saved`` record per sample in a journal
-   on the same disk (one group-committed append per batch), then the dump's unlink: all a
-   commit thread does.
+   on the same disk (one group-committed append per batch), then the dump's unlink on the
+   commit thread (the daemon's commit path before the reaper);
+6. ``the reaper``: as 5, the dumps handed to the daemon's :class:`eagle3d.run.reaper.Reaper`
+   instead (removed on a thread of its own at the lowest CPU priority, bounded), and the
+   clock stops once it has removed them all: the daemon's commit path now;
+7. ``the reaper at nice 0``: as 6, the reaper at the commit threads' priority (for the
+   choice of the lowest).
 
-    flock /tmp/eagle3d-bench.lock .venv/bin/python bench/commit_breakdown.py [--rounds 3]
+    flock /tmp/eagle3d-bench.lock .venv/bin/python bench/commit_breakdown.py [--rounds 3] [--layers 4,5,6]
 """
 
 from __future__ import annotations
@@ -97,10 +102,19 @@ def raw(base: str, n: int, size: int, threads: int, level: int) -> tuple[float, 
 
 
 def commits(
-    base: str, dumps: Any, tokens: int, hidden: int, threads: int, journal: bool
+    base: str,
+    dumps: Any,
+    tokens: int,
+    hidden: int,
+    threads: int,
+    journal: bool,
+    reap: bool = False,
+    nice: int = 19,
 ) -> tuple[float, float]:
-    """Layers 4-5: the daemon's Committer over real dumps (and its journal records)."""
+    """Layers 4-6: the daemon's Committer over real dumps (and its journal records, the
+    dumps' removal on the commit thread or by the reaper)."""
     from eagle3d.remote import storedtype
+    from eagle3d.run.reaper import Reaper, limit_for
     from eagle3d.store.committer import Committed, Committer
     from eagle3proto import events as ev
     from eagle3proto.journal import JournalWriter
@@ -113,6 +127,7 @@ def commits(
         j.open()
     ids, mask, layers = list(range(tokens)), [1] * tokens, [2, 16, 29]
     sources = dumps()  # fresh dumps, written before the clock starts
+    reaper = Reaper(limit_for(os.path.dirname(sources[0])), nice=nice) if reap else None
 
     def batch(first: int) -> int:
         part = list(range(first, min(first + BATCH, len(sources))))
@@ -128,14 +143,20 @@ def commits(
                     if isinstance(r, Committed)
                 ]
             )
-            for i in part:
-                os.unlink(sources[i])
+            if reaper is not None:
+                reaper.remove([(sources[i], os.path.getsize(sources[i])) for i in part])
+            else:
+                for i in part:
+                    os.unlink(sources[i])
         return sum(r.nbytes for r in done if isinstance(r, Committed))
 
     os.sync()
     t, cpu0 = time.perf_counter(), time.process_time()
     with ThreadPoolExecutor(threads) as ex:
         nbytes = sum(ex.map(batch, range(0, len(sources), BATCH)))
+    if reaper is not None:
+        reaper.close()  # every dump removed: the same work as layer 5's
+        print(f"  reaper: {reaper.removed} removed on its thread, {reaper.inline} by the commit threads (bound)", file=sys.stderr)  # fmt: skip
     dt, cpu = time.perf_counter() - t, time.process_time() - cpu0
     if j is not None:
         j.close()
@@ -151,6 +172,9 @@ def main() -> int:
     p.add_argument("--samples", type=int, default=96)
     p.add_argument("--threads", type=int, default=3)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument(
+        "--layers", default="1,2,3,4,5,6,7", help="which layers beside the baseline (e.g. 4,5,6)"
+    )
     a = p.parse_args()
 
     import torch
@@ -187,7 +211,11 @@ def main() -> int:
             ("3. + rename, directory fsync per batch of 8", lambda: raw(base, a.samples, nbytes, a.threads, 3)),
             ("4. + read the dump into the archive buffer, check, checksum", lambda: commits(base, dumps, t, h, a.threads, False)),
             ("5. + a durable journal record per sample, the dump's unlink", lambda: commits(base, dumps, t, h, a.threads, True)),
+            ("6. as 5, the dumps removed by the reaper", lambda: commits(base, dumps, t, h, a.threads, True, reap=True)),
+            ("7. as 6, the reaper at the commit threads' priority (nice 0)", lambda: commits(base, dumps, t, h, a.threads, True, reap=True, nice=0)),
         ]  # fmt: skip
+        wanted = {int(x) for x in a.layers.split(",") if x}
+        layers = [layers[0], *(layer for k, layer in enumerate(layers[1:], 1) if k in wanted)]
         results: dict[str, list[tuple[float, float]]] = {name: [] for name, _ in layers}
         ratios: dict[str, list[float]] = {name: [] for name, _ in layers}
         for r in range(a.rounds):
@@ -197,7 +225,9 @@ def main() -> int:
                 results[name].append(v)
                 ratios[name].append(v[0] / got[layers[0][0]][0])
             print(
-                f"round {r + 1}: " + ", ".join(f"{v[0]:.0f}" for v in got.values()), file=sys.stderr
+                f"round {r + 1} (load {os.getloadavg()[0]:.1f}): "
+                + ", ".join(f"{v[0]:.0f}" for v in got.values()),
+                file=sys.stderr,
             )
         print(
             f"{a.samples} samples of {nbytes / 1e6:.1f} MB ({t} tokens, H={h}, bfloat16), "

@@ -22,6 +22,7 @@ POINTS = {
     "before_journal_append": 20,
     "after_append_before_sync": 15,  # n-th journal fdatasync
     "mid_frame": 12,  # n-th journal write
+    "before_dump_removal": 3,  # n-th journaled batch, its dumps not yet handed to the reaper
 }
 
 
@@ -44,6 +45,10 @@ def test_kill_point(point: str, tiny_model_dir: Path, tmp_path: Path) -> None:
         assert c.leftovers, "a renamed file with no saved record should be left"
     if point == "mid_frame":
         assert c.torn_tail, "half a frame should be at the end of the journal"
+    dumps = Path(f"{out}.dumps")
+    if point == "before_dump_removal":
+        left = sorted(p.name for p in dumps.iterdir() if not p.name.startswith("."))
+        assert left, "the journaled batch's dumps should still be in the dump area"
     if point in ("after_tmp_write", "after_rename", "before_journal_append"):
         # Earlier commits stand: at most two batches were running (2 commit threads), the
         # dying one and one other, and every sample of an earlier batch was saved.
@@ -62,3 +67,9 @@ def test_kill_point(point: str, tiny_model_dir: Path, tmp_path: Path) -> None:
         assert kept, "the torn bytes should be kept aside as evidence"
     if point in ("after_rename", "before_journal_append"):
         assert set(c.leftovers) <= final.saved  # the leftover was redone and committed
+    if point == "before_dump_removal":
+        # The rerun removed what the death left (journaled as orphans of an earlier run),
+        # and nothing journaled before the death was committed again (exactly once above).
+        assert not [p for p in dumps.iterdir() if not p.name.startswith(".")]
+        orphans = {r["path"] for r in runkit.records(out, "dump_orphan")}
+        assert {str(dumps / name) for name in left} <= orphans, (left, orphans)

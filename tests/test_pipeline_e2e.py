@@ -275,7 +275,15 @@ def test_the_daemons_threads_carry_their_roles_for_top_and_ps(
         tiny_model_dir, data, out, "--batch-tokens", "256", "--concurrency", "2",
         env={"EAGLE3D_FAULT": "worker_slow:1000"},
     )  # fmt: skip
-    want = {"feeder", "journal-flush", "commit_0", "dump-inotify", "dump-observer", "dump-emitter"}
+    want = {
+        "feeder",
+        "journal-flush",
+        "commit_0",
+        "dump-reaper",
+        "dump-inotify",
+        "dump-observer",
+        "dump-emitter",
+    }
     names: set[str] = set()
     try:
         wait_for_saved(out, 1, proc)

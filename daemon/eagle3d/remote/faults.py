@@ -33,6 +33,7 @@ KILL_POINTS = (
     "before_journal_append",
     "after_append_before_sync",
     "mid_frame",
+    "before_dump_removal",  # a batch's sample_saved records durable, its dumps not yet removed
     "export_after_rename",  # eagle3d export: a sample's file renamed, not yet recorded
     "export_before_sync",  # eagle3d export: records written, not yet synced
 )

@@ -28,6 +28,7 @@ from eagle3d.run import diskguard, job
 from eagle3d.run.commits import Commits, commit_batch
 from eagle3d.run.inbox import DumpArrived, Fed, FeedFailed, Inbox
 from eagle3d.run.pipeline import Pipeline
+from eagle3d.run.reaper import Reaper, limit_for
 from eagle3d.run.recorder import Recorder
 from eagle3d.run.ticker import Ticker
 
@@ -130,8 +131,10 @@ def assemble(
         bytes_per_token=float((1 + len(facts.layers)) * facts.hidden_size * 4 + 8),
     )
 
+    reaper = Reaper(limit_for(where.dump_dir))
+
     def body(batch: list[Sample]) -> list[Any]:
-        return commit_batch(batch, committer, rec, identity, facts.hidden_size, facts.layers)
+        return commit_batch(batch, committer, rec, identity, facts.hidden_size, facts.layers, reaper)  # fmt: skip
 
     threads = cfg.commit_thread_count()
     commits = Commits(body, inbox.put, threads, committer)
@@ -180,7 +183,7 @@ def assemble(
         on_done=on_done,
     )
     ticker.pipeline = pipeline
-    parts = Parts(producer, pipeline, feeder, ticker, [commits.close, feeder.stop])
+    parts = Parts(producer, pipeline, feeder, ticker, [reaper.close, commits.close, feeder.stop])
     watcher = DumpWatcher(where.dump_dir, lambda path: inbox.put(DumpArrived(path)))
     watcher.start()
     parts.closers.append(watcher.stop)

@@ -12,7 +12,6 @@ when the daemon keeps up. The outcomes go back through the inbox
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import logging
 import os
@@ -30,6 +29,7 @@ from eagle3d.dumps.format import BadDump, DumpVanished
 from eagle3d.remote import faults
 from eagle3d.run.diskguard import OutputIdentity
 from eagle3d.run.inbox import Committed
+from eagle3d.run.reaper import Reaper
 from eagle3d.run.recorder import Recorder
 from eagle3d.store.committer import CommitError, Committer
 
@@ -45,9 +45,11 @@ def commit_batch(
     identity: OutputIdentity,
     hidden_size: int,
     layers: list[int],
+    reaper: Reaper,
 ) -> list[oc.AnyOutcome]:
-    """A commit thread's work: validate, write and journal ``batch``; one outcome per
-    sample, in order. Never raises: a bug is an :class:`~eagle3d.core.outcome.Internal`."""
+    """A commit thread's work: validate, write and journal ``batch``, then hand the saved
+    samples' dumps to ``reaper``; one outcome per sample, in order. Never raises: a bug is
+    an :class:`~eagle3d.core.outcome.Internal`."""
     gone = recorder.lost or identity.check()
     if gone:  # never commit into a directory nobody sees, nor make one again
         return [oc.OutputGone(gone)] * len(batch)
@@ -81,8 +83,10 @@ def commit_batch(
             return out
         for k, rec in saved:
             out[k] = oc.Saved(rec.path, rec.bytes, rec.checksum)
-            with contextlib.suppress(OSError):  # journaled: a dump left behind is an orphan
-                os.unlink(batch[k].dump_path)
+        # Journaled, so removable: off this thread (a dump left by a crash is an orphan).
+        if saved:
+            faults.kill_point("before_dump_removal")
+        reaper.remove([(batch[k].dump_path, batch[k].dump_bytes) for k, _ in saved])
     except Exception as e:  # a bug must not wedge the samples forever
         log.exception("commit of samples %s failed", [p.idx for p in batch])
         why = f"{type(e).__name__}: {e}"
