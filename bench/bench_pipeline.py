@@ -21,6 +21,7 @@ measured in the same run on this machine.
 from __future__ import annotations
 
 import argparse
+import atexit
 import itertools
 import json
 import os
@@ -509,6 +510,7 @@ def commit_rows(base: Path, model: Path, rounds: int) -> list[tuple[str, str, st
     # Dumps in /dev/shm, the daemon's default dump area (a dump area on the output disk
     # would add its page-cache traffic to the commits').
     shm = os.path.join("/dev/shm", f"bench-commit-{os.getpid()}")
+    atexit.register(shutil.rmtree, shm, True)  # the daemon leaves its dump area
     got: dict[str, list[float]] = {k: [] for k in ("link", "write", "direct", "buffered")}
     per = 0.0
     for r in range(rounds):
@@ -584,6 +586,7 @@ def splice_rows(base: Path, model: Path, rounds: int) -> list[tuple[str, str, st
     varied = pretokenized(base / "big.jsonl", 96, 1024, 1000)
     args = ("--backend", "synthetic", "--commit-threads", "3", "--concurrency", "12")
     shm = os.path.join("/dev/shm", f"bench-splice-{os.getpid()}")
+    atexit.register(shutil.rmtree, shm, True)  # the daemon leaves its dump area
     got: dict[str, list[float]] = {f"{k}-{s}": [] for k in ("link", "write") for s in ("1", "0")}
     cpu: dict[str, list[float]] = {k: [] for k in got}
     for r in range(rounds):
