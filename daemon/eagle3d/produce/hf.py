@@ -298,6 +298,11 @@ class HFProducer(Producer):
             if w is None:
                 continue
             w.stopping = True
+            if w.ready is None or not w.ready.done():
+                # Still loading: it holds no request, and would read "stop" once loaded.
+                with contextlib.suppress(ProcessLookupError):
+                    w.proc.kill()
+                continue
             if w.proc.stdin is not None and not w.proc.stdin.is_closing():
                 with contextlib.suppress(Exception):
                     w.proc.stdin.write(pr.frame(pr.Stop()))
