@@ -142,14 +142,14 @@ class Daemon:
         if forced:
             log.warning("resuming a changed job because of --force-resume (%s)", forced)
         if self._counts()[0]:  # work left: the producer loads while the rest is made ready
-            self._launch_producer(facts, journal.run_id)
+            await self._launch_producer(facts, journal.run_id)
         if not cfg.no_space_check:
             self.notifier.status("checking the space the job needs")
             args = (cfg, facts, self.shard, self.output, self.status)
             await asyncio.to_thread(spacecheck.check_space, *args)
         return self.opened
 
-    def _launch_producer(self, facts: job.JobFacts, run_id: str) -> None:
+    async def _launch_producer(self, facts: job.JobFacts, run_id: str) -> None:
         """Begin the producer's start (worker processes loading the model, or the wait for a
         server). Before this the daemon has imported nothing heavy (no torch): on a CPU the
         workers' start and the daemon's own imports then share the cores instead of taking
@@ -157,7 +157,12 @@ class Daemon:
         cfg = self.cfg
         self.dump_dir = cfg.dump_dir or own_dump_dir(run_id, self.shard)
         self.producer = make_producer(cfg, dump_dir=self.dump_dir, hidden_size=facts.hidden_size, layers=facts.layers, store_dtype=facts.job.store_dtype)  # fmt: skip
-        self.starting = asyncio.create_task(self.producer.start(ProducerPort(self.inbox)))
+        port = ProducerPort(self.inbox)
+        try:
+            await self.producer.launch(port)
+        except Exception as e:
+            raise Fatal(EXIT_PRODUCER, f"producer {cfg.backend} failed to start: {e}") from e
+        self.starting = asyncio.create_task(self.producer.start(port))
 
     def _counts(self) -> tuple[list[int], int, int]:
         """(this shard's pending rows, saved, failed)."""
