@@ -89,3 +89,29 @@ def test_without_the_space_check_the_workers_still_start_before_torch_is_importe
 ) -> None:
     seen, _ = _run(tiny_model_dir, tmp_path, "--no-space-check")
     assert seen and all(s == ["launch", False, False] for s in seen), seen
+
+
+def test_a_start_refused_while_the_workers_load_ends_at_once_and_leaves_none(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """The space check refuses (exit 10) while the workers still load (a 10-minute load, by
+    the fault): they are killed, not asked to stop (a "stop" is read only after the load),
+    and nothing of the job is left running or written."""
+    import psutil
+
+    data = tmp_path / "data.jsonl"
+    runkit.dataset(data, 5)
+    out = tmp_path / "out"
+    cmd = runkit.run_args(tiny_model_dir, data, out, "--space-reserve", "100%")
+    env = {**runkit.env_without_faults(), "EAGLE3D_FAULT": "worker_slow_load:600000"}
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 10, r.stderr[-3000:]
+    assert "the job does not fit" in r.stderr and "never retrieved" not in r.stderr
+    assert not list(out.glob("rows_*"))
+    left = [
+        p.pid
+        for p in psutil.process_iter(["cmdline"])
+        if "eagle3d.remote.hf_worker" in " ".join(p.info["cmdline"] or ())
+        and str(out) in " ".join(p.info["cmdline"] or ())
+    ]
+    assert not left, left

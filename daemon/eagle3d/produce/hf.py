@@ -295,7 +295,7 @@ class HFProducer(Producer):
             if w is None:
                 continue
             w.stopping = True
-            if w.ready is None or not w.ready.done():
+            if w.info is None:
                 # Still loading: it holds no request, and would read "stop" once loaded.
                 with contextlib.suppress(ProcessLookupError):
                     w.proc.kill()
