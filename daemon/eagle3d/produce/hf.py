@@ -68,6 +68,7 @@ class HFProducer(Producer):
         self._window = window
         self._workers: list[Worker | None] = [None] * max(1, workers)
         self._launched: list[Worker] = []  # started by launch(), not yet awaited
+        self._is_up = False  # start() returned (a restart's load is then waited for at stop)
         self._events: ProducerEvents | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._restarts = 0
@@ -118,6 +119,7 @@ class HFProducer(Producer):
             f"{self.n_workers} worker(s) on {', '.join(devices)}, {each}; "
             f"malloc: {'/'.join(malloc)}",
         )
+        self._is_up = True
 
     async def _spawn(self, slot: int) -> Worker:
         return await self._up(await self._begin(slot))
@@ -295,8 +297,8 @@ class HFProducer(Producer):
             if w is None:
                 continue
             w.stopping = True
-            if w.info is None:
-                # Still loading: it holds no request, and would read "stop" once loaded.
+            if not self._is_up and w.info is None:
+                # A start cut short: it holds no request, and would read "stop" once loaded.
                 with contextlib.suppress(ProcessLookupError):
                     w.proc.kill()
                 continue
