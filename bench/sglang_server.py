@@ -20,6 +20,7 @@ tokens per CPU-second of the client process plus the server's processes (less se
 wall time to other work on a shared machine, and it says where the CPU goes).
 
     flock /tmp/eagle3d-bench.lock .venv/bin/python bench/sglang_server.py [--rounds 5]
+        [--concurrencies 8,16,32]   # bare, tagged and daemon at each; serial once a round
 """
 
 from __future__ import annotations
@@ -164,6 +165,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--convs", type=int, default=160)
     ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument(
+        "--concurrencies",
+        default="",
+        help="comma-separated concurrencies for bare, tagged and daemon (default: --concurrency)",
+    )
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--skip", default="", help="comma-separated kinds not to run")
@@ -193,7 +199,8 @@ def main() -> None:
     ids = work / "ids.json"
     ids.write_text(json.dumps(samples))
     tokens = sum(map(len, samples))
-    print(f"{len(samples)} conversations, {tokens} tokens, concurrency {a.concurrency}, "
+    levels = [int(x) for x in (a.concurrencies or str(a.concurrency)).split(",")]
+    print(f"{len(samples)} conversations, {tokens} tokens, concurrency {levels}, "
           f"model h{a.hidden}/L{a.layers} fp32", flush=True)  # fmt: skip
 
     (shm / "hooked").mkdir()
@@ -209,9 +216,11 @@ def main() -> None:
             s.start()
             s.pause(True)
         for k in range(a.rounds):
-            order = kinds if k % 2 == 0 else kinds[::-1]
+            runs = [(kind, c) for kind in kinds for c in ([0] if kind == "serial" else levels)]
+            order = runs if k % 2 == 0 else runs[::-1]
             row: dict[str, float] = {}
-            for kind in order:
+            for kind, c in order:
+                name = kind if len(levels) == 1 or kind == "serial" else f"{kind}@{c}"
                 for d in (shm / "hooked", work / "serial", work / "out"):
                     shutil.rmtree(d, ignore_errors=True)
                 (shm / "hooked").mkdir(exist_ok=True)
@@ -222,7 +231,7 @@ def main() -> None:
                 server = bare if kind == "bare" else hooked
                 pid = server.main_pids()[-1] if server.main_pids() else server.proc.pid  # type: ignore[union-attr]
                 if kind in ("bare", "tagged"):
-                    cmd = [*me, kind, server.url, str(ids), "--concurrency", str(a.concurrency)]
+                    cmd = [*me, kind, server.url, str(ids), "--concurrency", str(c)]
                 elif kind == "serial":
                     cmd = [*me, "serial", hooked.url, str(ids), "--dump-dir", str(shm / "hooked"),
                            "--out", str(work / "serial")]  # fmt: skip
@@ -231,12 +240,12 @@ def main() -> None:
                     cmd = [sys.executable, "-m", "eagle3d", "run", "--backend", "sglang",
                            "--server", hooked.url, "--model", str(model), "--dataset", str(data),
                            "--output", str(out), "--dump-dir", str(shm / "hooked"),
-                           "--concurrency", str(a.concurrency)]  # fmt: skip
+                           "--concurrency", str(c)]  # fmt: skip
                 wall, cpu = timed(cmd, pid)
                 if kind == "daemon":
-                    row["daemon_span"] = tokens / daemon_span(work / "out")
-                row[f"{kind}_per_cpu_s"] = tokens / cpu
-                row[kind] = tokens / wall
+                    row[name.replace("daemon", "daemon_span")] = tokens / daemon_span(work / "out")
+                row[f"{name}_per_cpu_s"] = tokens / cpu
+                row[name] = tokens / wall
             rounds.append(row)
             print(
                 f"round {k + 1}: " + "  ".join(f"{n} {v:,.0f}" for n, v in row.items()), flush=True
@@ -247,13 +256,13 @@ def main() -> None:
                 s.pause(False)
                 s.stop()
         shutil.rmtree(shm, ignore_errors=True)
-    report(rounds)
+    report(rounds, levels)
     if a.json:
         Path(a.json).write_text(json.dumps(rounds, indent=1))
     shutil.rmtree(work, ignore_errors=True)
 
 
-def report(rounds: list[dict[str, float]]) -> None:
+def report(rounds: list[dict[str, float]], levels: list[int]) -> None:
     def med(xs: list[float]) -> str:
         return f"{statistics.median(xs):,.2f} (min {min(xs):,.2f}, max {max(xs):,.2f})"
 
@@ -261,15 +270,24 @@ def report(rounds: list[dict[str, float]]) -> None:
     for kind in rounds[0]:
         xs = [r[kind] for r in rounds]
         print(f"  {kind:12} {statistics.median(xs):8,.0f}  ({min(xs):,.0f} .. {max(xs):,.0f})")
-    for num, den in (
+    pairs = (
         ("daemon", "bare"),
         ("tagged", "bare"),
         ("daemon", "tagged"),
         ("daemon", "serial"),
+        ("bare", "serial"),  # the ceiling of daemon/serial at that concurrency
         ("daemon_span", "bare"),
-    ):
-        if num in rounds[0] and den in rounds[0]:
-            print(f"  {num}/{den}: {med([r[num] / r[den] for r in rounds])}")
+    )
+    for c in levels:
+        for num, den in pairs:
+            n, d = (_at(num, c, levels), _at(den, c, levels))
+            if n in rounds[0] and d in rounds[0]:
+                print(f"  {n}/{d}: {med([r[n] / r[d] for r in rounds])}")
+
+
+def _at(kind: str, c: int, levels: list[int]) -> str:
+    """A figure's name in a round: ``kind@c`` when several concurrencies ran."""
+    return kind if len(levels) == 1 or kind == "serial" else f"{kind}@{c}"
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ producer up (the workers' start and model load), the first saved sample, the las
 ``run_finished`` to the exit (the drain and shutdown).
 
     flock /tmp/eagle3d-bench.lock .venv/bin/python bench/short_job.py [--rounds 3] [--markdown]
+        [--compare-src DIR]   # another revision's daemon too: git archive REV daemon shared
 """
 
 from __future__ import annotations
@@ -46,13 +47,16 @@ def build_model(d: Path, layers: int, hidden: int) -> Path:
     return m
 
 
-def run_daemon(model: Path, data: str, out: Path, extra: list[str]) -> dict[str, Any]:
+def run_daemon(
+    model: Path, data: str, out: Path, extra: list[str], src: str = ""
+) -> dict[str, Any]:
     shutil.rmtree(out, ignore_errors=True)
     os.sync()
     cmd = [sys.executable, "-m", "eagle3d", "run", "--model", str(model), "--dataset", data]
     cmd += ["--output", str(out), "--dump-dir", f"{out}-dumps", "--socket", f"{out}.sock", *extra]
+    env = ENV if not src else {**ENV, "PYTHONPATH": f"{src}/daemon:{src}/shared"}
     t0, w0 = time.monotonic(), time.time()
-    r = subprocess.run(cmd, env=ENV, capture_output=True, text=True)
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
     wall = time.monotonic() - t0
     if r.returncode != 0:
         raise RuntimeError(f"eagle3d run failed ({r.returncode}): {r.stderr[-2000:]}")
@@ -99,6 +103,12 @@ def main() -> int:
     p.add_argument("--dataset", default=DEMO)
     p.add_argument("--threads", type=int, default=0, help="the serial script's torch threads")
     p.add_argument("--daemon-arg", action="append", default=[], help="extra `eagle3d run` flag")
+    p.add_argument(
+        "--compare-src",
+        default="",
+        help="a source tree of another revision (git archive REV daemon shared): its daemon "
+        "runs too, as 'other', with the same model and samples",
+    )
     p.add_argument("--dir", default=None)
     p.add_argument("--markdown", action="store_true")
     a = p.parse_args()
@@ -107,25 +117,40 @@ def main() -> int:
     rows = []
     for i in range(a.rounds):
         # Alternate who goes first: this machine's speed drifts by more than the effect.
-        order = ("daemon", "serial") if i % 2 == 0 else ("serial", "daemon")
+        kinds = ["daemon", "serial", *(["other"] if a.compare_src else [])]
+        order = kinds if i % 2 == 0 else kinds[::-1]
         got: dict[str, dict[str, Any]] = {}
         for who in order:
             if who == "daemon":
                 got[who] = run_daemon(model, a.dataset, work / "out-daemon", a.daemon_arg)
+            elif who == "other":
+                out = work / "out-other"
+                got[who] = run_daemon(model, a.dataset, out, a.daemon_arg, a.compare_src)
             else:
                 got[who] = run_serial(model, a.dataset, work / "out-serial", a.threads)
         ratio = got["daemon"]["samples_s"] / got["serial"]["samples_s"]
-        rows.append({"round": i + 1, "ratio": ratio, **{k: v for k, v in got.items()}})
+        load = os.getloadavg()[0]
+        rows.append({"round": i + 1, "ratio": ratio, "load": load, **got})
+        if "other" in got:
+            rows[-1]["other_ratio"] = got["other"]["samples_s"] / got["serial"]["samples_s"]
         print(json.dumps(rows[-1]), file=sys.stderr)
     med = statistics.median(r["ratio"] for r in rows)
     if a.markdown:
-        print("| round | daemon samples/s (wall) | serial samples/s (wall) | ratio | daemon: run_started / producer up / first saved / last saved / finished / exit (s) |")  # fmt: skip
-        print("|---|---|---|---|---|")
+        other = " | other revision: ratio (phases)" if a.compare_src else ""
+        print(f"| round (load) | daemon samples/s (wall) | serial samples/s (wall) | ratio | daemon: run_started / producer up / first saved / last saved / finished / exit (s){other} |")  # fmt: skip
+        print("|---|---|---|---|---|" + ("---|" if other else ""))
+        keys = ("to_run_started", "to_producer_up", "to_first_saved", "to_last_saved", "to_finished", "wall")  # fmt: skip
         for r in rows:
             d, s = r["daemon"], r["serial"]
-            phases = " / ".join(f"{d[k]:.1f}" for k in ("to_run_started", "to_producer_up", "to_first_saved", "to_last_saved", "to_finished", "wall"))  # fmt: skip
-            print(f"| {r['round']} | {d['samples_s']:.2f} ({d['wall']:.1f} s) | {s['samples_s']:.2f} ({s['wall']:.1f} s) | {r['ratio']:.2f} | {phases} |")  # fmt: skip
+            phases = " / ".join(f"{d[k]:.1f}" for k in keys)
+            more = ""
+            if "other" in r:
+                o = " / ".join(f"{r['other'][k]:.1f}" for k in keys)
+                more = f" {r['other_ratio']:.2f} ({o}) |"
+            print(f"| {r['round']} ({r['load']:.1f}) | {d['samples_s']:.2f} ({d['wall']:.1f} s) | {s['samples_s']:.2f} ({s['wall']:.1f} s) | {r['ratio']:.2f} | {phases} |{more}")  # fmt: skip
         print(f"\nmedian ratio {med:.2f} over {len(rows)} rounds")
+        if a.compare_src:
+            print(f"other revision: median {statistics.median(r['other_ratio'] for r in rows):.2f}")
     else:
         print(json.dumps({"median_ratio": med, "rounds": rows}))
     return 0

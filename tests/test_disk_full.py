@@ -274,13 +274,15 @@ def test_full_before_the_first_commit_is_still_journaled(
     data, out = tmp_path / "data.jsonl", fs / "out"
     valid, malformed = runkit.dataset(data, 10)
     log = tmp_path / "log"
-    # A 4 MiB filesystem holds no 256 MiB reserve: the space check would refuse the run.
+    # A 4 MiB filesystem holds no 256 MiB reserve: the space check would refuse the run. The
+    # disk fills while the workers load (slowed by the fault): the feeder has samples ready by
+    # then, and the first commit would come within a second of the producer being up.
     proc = runkit.start(
         tiny_model_dir, data, out, "--dump-dir", str(tmp_path / "dumps"), "--no-space-check",
-        log=log,
+        log=log, fault="worker_slow_load:4000",
     )  # fmt: skip
     try:
-        runkit.wait_for(lambda: b" up; window " in log.read_bytes(), 90, "the producer")
+        runkit.wait_for(lambda: b"loading model" in log.read_bytes(), 90, "the load")
         filler = _fill(fs)
         runkit.wait_for(lambda: b"paused: disk full" in log.read_bytes(), 60, "the pause")
         time.sleep(2)

@@ -203,3 +203,36 @@ def test_sizes_and_the_estimate_arithmetic() -> None:
     assert half.bound == math.ceil(1.96 * 8 * sd / 2 * math.sqrt(0.5))
     with pytest.raises(config.ConfigError, match="space_reserve"):
         config.build({}, {"model": "m", "dataset": "d", "output": "o", "space_reserve": "x%"})
+
+
+def test_the_run_tokenizes_nothing_when_every_row_at_max_length_fits(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    """The space check's ceiling (eagle3d.run.spacecheck): with room for every pending row
+    at ``max_length`` tokens the estimate is never made (no tokenizer pass before the first
+    request); with room for the estimate and not the ceiling, the estimate decides."""
+    from eagle3d.run import job, spacecheck
+
+    data = write_jsonl(tmp_path / "data.jsonl", conversations(20))
+    out = str(tmp_path / "out")
+
+    def check(max_length: int, reserve: str) -> None:
+        flags = {"model": str(tiny_model_dir), "dataset": str(data), "output": out}
+        cfg = config.build({}, {**flags, "max_length": max_length, "space_reserve": reserve})
+        facts = job.describe(cfg, cfg.shard_spec(), out)
+        spacecheck.check_space(cfg, facts, cfg.shard_spec(), out, bytearray(facts.lines))
+
+    def never(*_a: Any, **_k: Any) -> Any:
+        raise AssertionError("the rows were tokenized although their ceiling fits")
+
+    caplog.set_level("INFO", logger="eagle3d")
+    with monkeypatch.context() as m:
+        m.setattr(plan, "estimate", never)
+        check(2048, "0")
+    assert "space: at most" in caplog.text and "(20 rows of at most 2048 tokens)" in caplog.text
+    caplog.clear()
+    # A ceiling of gigabytes against room for 500 MB more than the reserve: the estimate
+    # (a few hundred kilobytes) runs, and fits.
+    free = sizing.free_space(out).free
+    check(1_000_000, str(free - (500 << 20)))
+    assert "space: at most" not in caplog.text and "(from every row)" in caplog.text

@@ -97,6 +97,10 @@ class Producer(abc.ABC):
 
     name: str = "producer"
 
+    async def launch(self, events: ProducerEvents) -> None:  # noqa: B027 - optional hook
+        """Begin starting, and return at once: what takes long (worker processes loading
+        a model) then runs beside the daemon's own start. :meth:`start` follows."""
+
     @abc.abstractmethod
     async def start(self, events: ProducerEvents) -> None:
         """Start (load the model, connect to the server). Returns once ready for requests."""

@@ -31,7 +31,7 @@ from eagle3d.produce.hf_layout import (
     worker_device,
     worker_layout,
 )
-from eagle3d.produce.hf_workers import ProducerStartError, Worker, WorkerArgs, launch
+from eagle3d.produce.hf_workers import ProducerStartError, Worker, WorkerArgs, launch, to_take
 from eagle3d.remote import hf_protocol as pr
 
 
@@ -67,6 +67,8 @@ class HFProducer(Producer):
         self.threads = threads
         self._window = window
         self._workers: list[Worker | None] = [None] * max(1, workers)
+        self._launched: list[Worker] = []  # started by launch(), not yet awaited
+        self._is_up = False  # start() returned (a restart's load is then waited for at stop)
         self._events: ProducerEvents | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._restarts = 0
@@ -84,7 +86,8 @@ class HFProducer(Producer):
 
     # -- lifecycle ----------------------------------------------------------------------------
 
-    async def start(self, events: ProducerEvents) -> None:
+    async def launch(self, events: ProducerEvents) -> None:
+        """The worker processes started (each loads the model); :meth:`start` awaits them."""
         self._events = events
         self._gpus = visible_gpus(self.device)
         import psutil
@@ -98,7 +101,13 @@ class HFProducer(Producer):
             mem_available=psutil.virtual_memory().available,
         )
         self._workers = [None] * self.n_workers
-        await asyncio.gather(*(self._spawn(i) for i in range(self.n_workers)))
+        self._launched = [await self._begin(i) for i in range(self.n_workers)]
+
+    async def start(self, events: ProducerEvents) -> None:
+        if not self._launched:
+            await self.launch(events)
+        launched, self._launched = self._launched, []
+        await asyncio.gather(*(self._up(w) for w in launched))
         infos = [w.info for w in self._workers if w is not None and w.info is not None]
         devices = sorted({i.device for i in infos})
         # As the workers report it (torch.get_num_threads()), not as asked.
@@ -110,8 +119,13 @@ class HFProducer(Producer):
             f"{self.n_workers} worker(s) on {', '.join(devices)}, {each}; "
             f"malloc: {'/'.join(malloc)}",
         )
+        self._is_up = True
 
     async def _spawn(self, slot: int) -> Worker:
+        return await self._up(await self._begin(slot))
+
+    async def _begin(self, slot: int) -> Worker:
+        """Worker ``slot``'s process started, its reports read."""
         device = worker_device(self.device, slot, self._gpus)
         args = WorkerArgs(self.model, self.dump_dir, self.batch_tokens, device, self.dtype, self.aux_layers, self.store_dtype, self.threads)  # fmt: skip
         proc = await launch(args)
@@ -119,6 +133,11 @@ class HFProducer(Producer):
         w.ready = asyncio.get_running_loop().create_future()
         self._workers[slot] = w
         self._track(asyncio.create_task(self._read(w)))
+        return w
+
+    async def _up(self, w: Worker) -> Worker:
+        """``w`` once it has loaded the model (raises ProducerStartError if it could not)."""
+        assert w.ready is not None
         info = await w.ready
         self.info = info
         w.info = info
@@ -203,30 +222,10 @@ class HFProducer(Producer):
         demo run on this machine's two single-threaded workers). The worker hands back only
         what it has not started (its "given" answer); those are resubmitted here.
         """
-        if idle.inflight or idle.stopping:
+        found = to_take(self._workers, idle)
+        if found is None:
             return
-        best: tuple[int, Worker, list[str]] | None = None
-        for v in self._workers:
-            if v is None or v is idle or v.asked or v.stopping:
-                continue
-            waiting = [r for r in v.inflight if r not in v.running]
-            tokens = sum(v.inflight[r] for r in waiting)
-            if waiting and (best is None or tokens > best[0]):
-                best = (tokens, v, waiting)
-        if best is None:
-            return
-        waiting_tokens, victim, waiting = best
-        # Half of what the victim has left, counting its running batch as half done: the
-        # newest requests go, so the victim keeps its oldest-first order.
-        running = sum(victim.inflight[r] for r in victim.running if r in victim.inflight)
-        share = (waiting_tokens + running / 2) / 2
-        take: list[str] = []
-        taken = 0
-        for rid in reversed(waiting):
-            if take and taken + victim.inflight[rid] > share:
-                break
-            take.append(rid)
-            taken += victim.inflight[rid]
+        victim, take = found
         assert victim.proc.stdin is not None
         victim.asked = True
         with contextlib.suppress(ConnectionError, RuntimeError):
@@ -298,6 +297,11 @@ class HFProducer(Producer):
             if w is None:
                 continue
             w.stopping = True
+            if not self._is_up and w.info is None:
+                # A start cut short: it holds no request, and would read "stop" once loaded.
+                with contextlib.suppress(ProcessLookupError):
+                    w.proc.kill()
+                continue
             if w.proc.stdin is not None and not w.proc.stdin.is_closing():
                 with contextlib.suppress(Exception):
                     w.proc.stdin.write(pr.frame(pr.Stop()))

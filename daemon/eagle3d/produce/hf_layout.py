@@ -66,9 +66,15 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
+#: What a CUDA (or ROCm) driver puts on a host, a container given GPUs included.
+GPU_DEVICE_NODES = ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/kfd", "/dev/dxg")
+
+
 def visible_gpus(device: str) -> int:
     """How many CUDA devices this process sees; 0 for a CPU job or a CPU-only torch."""
-    if device == "cpu":
+    if device == "cpu" or not any(os.path.exists(p) for p in GPU_DEVICE_NODES):
+        # No GPU driver on this host: nothing to count, and no torch import in the daemon
+        # (a second or two of CPU that its workers, loading the model, need more).
         return 0
     try:
         import torch

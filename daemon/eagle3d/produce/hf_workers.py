@@ -71,3 +71,32 @@ async def launch(args: WorkerArgs) -> asyncio.subprocess.Process:
             "TRANSFORMERS_VERBOSITY": "error",
         },
     )
+
+
+def to_take(workers: list[Worker | None], idle: Worker) -> tuple[Worker, list[str]] | None:
+    """What ``idle`` (waiting for work) takes over: the busiest worker and the requests of
+    its queue to ask back (half of what it has left, counting its running batch as half
+    done; the newest go, so it keeps its oldest-first order). None: nothing to take."""
+    if idle.inflight or idle.stopping:
+        return None
+    best: tuple[int, Worker, list[str]] | None = None
+    for v in workers:
+        if v is None or v is idle or v.asked or v.stopping:
+            continue
+        waiting = [r for r in v.inflight if r not in v.running]
+        tokens = sum(v.inflight[r] for r in waiting)
+        if waiting and (best is None or tokens > best[0]):
+            best = (tokens, v, waiting)
+    if best is None:
+        return None
+    waiting_tokens, victim, waiting = best
+    running = sum(victim.inflight[r] for r in victim.running if r in victim.inflight)
+    share = (waiting_tokens + running / 2) / 2
+    take: list[str] = []
+    taken = 0
+    for rid in reversed(waiting):
+        if take and taken + victim.inflight[rid] > share:
+            break
+        take.append(rid)
+        taken += victim.inflight[rid]
+    return victim, take

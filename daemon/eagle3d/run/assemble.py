@@ -22,7 +22,6 @@ from eagle3d.core.resume import ResumeFold
 from eagle3d.core.sample import Sample
 from eagle3d.ingest.feeder import Feeder
 from eagle3d.produce.base import Producer
-from eagle3d.produce.factory import make_producer
 from eagle3d.remote import storedtype
 from eagle3d.run import diskguard, job
 from eagle3d.run.commits import Commits, commit_batch
@@ -68,10 +67,29 @@ class Where:
     dump_dir: str
 
 
+def own_dump_dir(run_id: str, shard: Shard) -> str:
+    """The run's own dump folder, named after the job, on /dev/shm where it can be."""
+    base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else "/tmp"
+    return os.path.join(base, f"eagle3d-{os.getuid()}", f"{run_id[:8]}-{shard.name}")
+
+
+def remove_if_empty(dump_dir: str) -> None:
+    """The run's own dump folder (:func:`own_dump_dir`) goes when it is empty, and its
+    parent with it; a --dump-dir the operator chose is theirs (a server may share it)."""
+    if not dump_dir:
+        return
+    for d in (dump_dir, os.path.dirname(dump_dir)):
+        try:
+            os.rmdir(d)
+        except OSError:
+            return  # not empty (dumps of another shard or job), or already gone
+
+
 def assemble(
     cfg: config.JobConfig,
     opened: Opened,
     where: Where,
+    producer: Producer,
     *,
     session: int,
     status: bytearray,
@@ -82,9 +100,9 @@ def assemble(
     on_done: Callable[[int], None],
     drain_timeout: float,
 ) -> Parts:
-    """Make the committer, the producer, the ledger and its pipeline, the commit threads,
-    the feeder, the ticker and the dump watcher (started: it removes what an earlier run
-    left in the dump area)."""
+    """Make the committer, the ledger and its pipeline, the commit threads, the feeder, the
+    ticker and the dump watcher (started: it removes what an earlier run left in the dump
+    area), around ``producer`` (made, and starting, already)."""
     import torch
 
     from eagle3d.dumps.watcher import DumpWatcher
@@ -103,13 +121,6 @@ def assemble(
     removed = committer.clean_temp_files(rows)
     if removed:
         log.info("removed %d stray temp file(s) from an earlier crash", removed)
-    producer = make_producer(
-        cfg,
-        dump_dir=where.dump_dir,
-        hidden_size=facts.hidden_size,
-        layers=facts.layers,
-        store_dtype=facts.job.store_dtype,
-    )
     rules = Rules(
         window=cfg.concurrency or 1,  # the producer's own once it is up
         max_attempts=cfg.max_attempts,

@@ -1,11 +1,14 @@
 """The daemon's lifecycle: the order in which its pieces start and stop, and signals.
 
 Start: preflight checks, the shard's lock, the job's facts and the journal's replay (the
-resume), the fingerprint check; then ``run_started``, the event socket and the pieces of the
-pipeline (:mod:`eagle3d.run.assemble`); the producer starts (a model load, a server to wait
-for) while the feeder tokenizes; once it is up the pipeline runs (:mod:`eagle3d.run.pipeline`
-around the :class:`~eagle3d.core.ledger.Ledger`) with the 1 s :mod:`ticker
-<eagle3d.run.ticker>`, until the ledger says it is done. Stop, in this order: the progress
+resume), the fingerprint check; then the producer starts (a model load, a server to wait
+for: the longest step of a short job, so it begins before anything else costly) while the
+space check tokenizes the rows left and the daemon makes ``run_started``, the event socket and
+the pieces of the pipeline (:mod:`eagle3d.run.assemble`), and the feeder tokenizes; once the
+producer is up the pipeline runs (:mod:`eagle3d.run.pipeline` around the
+:class:`~eagle3d.core.ledger.Ledger`) with the 1 s :mod:`ticker <eagle3d.run.ticker>`, until
+the ledger says it is done. Nothing is sent before the space check passed and the producer is
+up; the producer's own reports reach the journal after ``run_started``. Stop, in this order: the progress
 line, the producer (its workers finish what they hold), the dump watcher, the feeder, the
 commit threads (what runs is finished), the journal, the socket, the lock.
 
@@ -34,11 +37,12 @@ from eagle3d import config
 from eagle3d.core.resume import ResumeFold, describe_counts, finish_code, outcome_words
 from eagle3d.core.sample import FAILED, PENDING, SAVED, SKIPPED
 from eagle3d.exitcodes import EXIT_INTERNAL, EXIT_OK, EXIT_PRODUCER, Fatal
-from eagle3d.produce.factory import starting_words
+from eagle3d.produce.base import Producer
+from eagle3d.produce.factory import make_producer, starting_words
 from eagle3d.remote.threadnames import name_threads
 from eagle3d.run import diskguard, job, preflight, spacecheck
 from eagle3d.run import recorder as recording
-from eagle3d.run.assemble import Opened, Parts, Where, assemble
+from eagle3d.run.assemble import Opened, Parts, Where, assemble, own_dump_dir, remove_if_empty
 from eagle3d.run.inbox import Hangup, Inbox, JournalFault, ProducerPort, ProducerState, Signalled
 from eagle3d.run.recorder import Recorder
 
@@ -67,6 +71,10 @@ class Daemon:
         self.parts: Parts | None = None
         self.server: Any = None
         self.dump_dir = ""
+        self.producer: Producer | None = None
+        self.starting: asyncio.Task[None] | None = None  # the producer's start, once begun
+        self.announced = False  # run_started is in the journal
+        self.early: list[ProducerState] = []  # the producer's reports from before it
         from eagle3d.serve.notify import Notifier, WatchdogPolicy
 
         self.notifier = Notifier.from_env()
@@ -133,11 +141,28 @@ class Daemon:
         forced = job.check_fingerprint(resume.last_started, facts.job, cfg.force_resume, self.output)  # fmt: skip
         if forced:
             log.warning("resuming a changed job because of --force-resume (%s)", forced)
+        if self._counts()[0]:  # work left: the producer loads while the rest is made ready
+            await self._launch_producer(facts, journal.run_id)
         if not cfg.no_space_check:
             self.notifier.status("checking the space the job needs")
             args = (cfg, facts, self.shard, self.output, self.status)
             await asyncio.to_thread(spacecheck.check_space, *args)
         return self.opened
+
+    async def _launch_producer(self, facts: job.JobFacts, run_id: str) -> None:
+        """Begin the producer's start (worker processes loading the model, or the wait for a
+        server). Before this the daemon has imported nothing heavy (no torch): on a CPU the
+        workers' start and the daemon's own imports then share the cores instead of taking
+        turns (docs/benchmarks.md, "Whole short job")."""
+        cfg = self.cfg
+        self.dump_dir = cfg.dump_dir or own_dump_dir(run_id, self.shard)
+        self.producer = make_producer(cfg, dump_dir=self.dump_dir, hidden_size=facts.hidden_size, layers=facts.layers, store_dtype=facts.job.store_dtype)  # fmt: skip
+        port = ProducerPort(self.inbox)
+        try:
+            await self.producer.launch(port)
+        except Exception as e:
+            raise Fatal(EXIT_PRODUCER, f"producer {cfg.backend} failed to start: {e}") from e
+        self.starting = asyncio.create_task(self.producer.start(port))
 
     def _counts(self) -> tuple[list[int], int, int]:
         """(this shard's pending rows, saved, failed)."""
@@ -187,13 +212,20 @@ class Daemon:
         )
         if not rec.append(started):
             raise Fatal(EXIT_INTERNAL, f"the journal in {self.jdir} refused run_started")
+        self.announced = True
+        early, self.early = self.early, []
+        for m in early:
+            self._producer_state(m)
         log.info("job %s shard %s: %d samples, %d already saved, %d failed; session %d", opened.run_id[:8], self.shard.name, facts.total, saved, failed, session)  # fmt: skip
         if facts.blank:
             log.info("%d blank line(s) of %s skipped (no samples)", len(facts.blank), cfg.dataset)
         await self._start_server(sock)
-        self.dump_dir = cfg.dump_dir or _default_dump_dir(opened.run_id, self.shard)
+        assert self.producer is not None  # launched by _open: there are pending rows
         where = Where(self.shard, self.output, self.jdir, self.dump_dir)
-        parts = self.parts = assemble(cfg, opened, where, session=session, status=self.status, inbox=self.inbox, state=self.state, notifier=self.notifier, watchdog=self.watchdog, on_done=self._set_done, drain_timeout=self.drain_timeout)  # fmt: skip
+        parts = self.parts = assemble(cfg, opened, where, self.producer, session=session, status=self.status, inbox=self.inbox, state=self.state, notifier=self.notifier, watchdog=self.watchdog, on_done=self._set_done, drain_timeout=self.drain_timeout)  # fmt: skip
+        # The feeder tokenizes while the producer loads; what it hands over waits in
+        # ``held`` until the producer is up.
+        parts.feeder.start()
         starting = asyncio.create_task(self._start_producer(parts, rec))
         stop = asyncio.create_task(self.finished.wait())
         await asyncio.wait({starting, stop}, return_when=asyncio.FIRST_COMPLETED)
@@ -223,7 +255,8 @@ class Daemon:
         rec.append(ev.RunState(state=phase, reason=what))
         beat = asyncio.create_task(parts.ticker.while_starting(phase))
         try:
-            await producer.start(ProducerPort(self.inbox))
+            assert self.starting is not None
+            await self.starting
         except Exception as e:
             raise Fatal(EXIT_PRODUCER, f"producer {cfg.backend} failed to start: {e}") from e
         finally:
@@ -242,7 +275,6 @@ class Daemon:
         p.read_dump_area(now)
         self.running = True
         parts.feeder.widen(window)
-        parts.feeder.start()
         held, self.held = self.held, []
         for msg in held:
             p.handle(msg, now)
@@ -284,10 +316,7 @@ class Daemon:
             elif isinstance(m, Hangup):
                 self._on_hup(now)
             elif isinstance(m, ProducerState):
-                level = logging.INFO if m.state == "up" else logging.WARNING
-                log.log(level, "producer %s: %s", m.state, m.message)
-                if self.opened is not None:
-                    self.opened.recorder.append(ev.ProducerEvent(state=m.state, message=m.message))  # fmt: skip
+                self._producer_state(m)
             elif self.running and self.parts is not None:
                 self.parts.pipeline.handle(m, now)
             elif isinstance(m, JournalFault) and not m.pause:
@@ -296,6 +325,16 @@ class Daemon:
                 self._set_done(EXIT_INTERNAL)
             else:
                 self.held.append(m)  # handled once the producer is up
+
+    def _producer_state(self, m: ProducerState) -> None:
+        """Logged and journaled; one from before ``run_started`` waits for it."""
+        if not self.announced:
+            self.early.append(m)
+            return
+        level = logging.INFO if m.state == "up" else logging.WARNING
+        log.log(level, "producer %s: %s", m.state, m.message)
+        if self.opened is not None:
+            self.opened.recorder.append(ev.ProducerEvent(state=m.state, message=m.message))
 
     def _published(self, e: ev.Event) -> None:
         """A record the journal holds (its listener, through the inbox): folded into the
@@ -334,36 +373,27 @@ class Daemon:
         parts, opened = self.parts, self.opened
         if parts is not None:
             parts.ticker.close()
+        if self.starting is not None and not self.starting.done():
+            self.starting.cancel()  # a start refused (the space check) or stopped midway
+            with contextlib.suppress(BaseException):
+                await self.starting
+        if self.producer is not None:
             with contextlib.suppress(Exception):
-                await parts.producer.stop()
+                await self.producer.stop()
+        if parts is not None:
             for close in reversed(parts.closers):
                 close()
         if opened is not None:
             opened.recorder.close()
             opened.identity.close()
-        self._remove_empty_dump_dir()
+        if not self.cfg.dump_dir:  # the run's own folder; a --dump-dir is the operator's
+            remove_if_empty(self.dump_dir)
         await asyncio.sleep(0)  # the journal's last records reach subscribers
         if self.server is not None:
             with contextlib.suppress(Exception):
                 await self.server.close()
         if self.lock is not None:
             self.lock.release()
-
-    def _remove_empty_dump_dir(self) -> None:
-        """The run's own dump folder (the default, named after the job) goes when it is
-        empty; a --dump-dir the operator chose is theirs (a server may share it)."""
-        if self.cfg.dump_dir or not self.dump_dir:
-            return
-        for d in (self.dump_dir, os.path.dirname(self.dump_dir)):
-            try:
-                os.rmdir(d)
-            except OSError:
-                return  # not empty (dumps of another shard or job), or already gone
-
-
-def _default_dump_dir(run_id: str, shard: Shard) -> str:
-    base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else "/tmp"
-    return os.path.join(base, f"eagle3d-{os.getuid()}", f"{run_id[:8]}-{shard.name}")
 
 
 __all__ = ["Daemon"]

@@ -1,7 +1,12 @@
 """``eagle3d run``'s space check at start: a job whose remaining samples do not fit on the
 output's filesystem with the reserve (``--space-reserve``) is refused with exit 10, before
 anything is sent. The estimate is ``eagle3d plan``'s (:func:`eagle3d.tools.plan.check_run`),
-on this shard's pending rows as the resumed journal says; ``--no-space-check`` skips it."""
+on this shard's pending rows as the resumed journal says; ``--no-space-check`` skips it.
+
+First, the ceiling: with a ``max_length``, no sample holds more tokens, so the pending rows at
+that length bound what the run writes. When even that fits, nothing is tokenized (the check
+then costs a ``statvfs``, not a pass of the tokenizer over up to 20,000 rows before the first
+request: the start of a short job). Otherwise the estimate decides."""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ import logging
 from eagle3proto.paths import Shard
 
 from eagle3d import config
+from eagle3d.core.sample import PENDING
 from eagle3d.exitcodes import EXIT_SPACE, Fatal
 from eagle3d.run import job
 
@@ -24,6 +30,8 @@ def check_space(
     from eagle3d.store import sizing
     from eagle3d.tools import plan
 
+    if fits_at_most(cfg, facts, shard, output, status):
+        return
     try:
         report = plan.check_run(cfg, facts, shard, output, status)
     except Exception as e:  # the check must never be why a job cannot start
@@ -51,4 +59,39 @@ def check_space(
         )
 
 
-__all__ = ["check_space"]
+def fits_at_most(
+    cfg: config.JobConfig, facts: job.JobFacts, shard: Shard, output: str, status: bytearray
+) -> bool:
+    """Whether the shard's pending rows fit even at ``max_length`` tokens each (logged so);
+    False when there is no such limit, or the free space is unknown, or they may not."""
+    from eagle3d.remote import storedtype
+    from eagle3d.store import sizing
+
+    if cfg.max_length <= 0:
+        return False
+    try:
+        disk = sizing.free_space(output)
+    except OSError:
+        return False
+    rows = range(shard.index, len(status), shard.count)
+    pending = sum(1 for i in rows if status[i] == PENDING)
+    fmt = storedtype.get(facts.job.store_dtype)
+    try:
+        each = sizing.file_bytes(cfg.max_length, facts.hidden_size, len(facts.layers), fmt)
+    except Exception:  # a length past what one archive holds: the estimate decides
+        return False
+    most = pending * each + sizing.overhead_bytes(pending) + sizing.JOURNAL_FIXED
+    if most + sizing.parse_size(cfg.space_reserve, disk.total) > disk.free:
+        return False
+    log.info(
+        "space: at most %s still to write (%d rows of at most %d tokens), %s free on %s",
+        sizing.size(most),
+        pending,
+        cfg.max_length,
+        sizing.size(disk.free),
+        disk.path,
+    )
+    return True
+
+
+__all__ = ["check_space", "fits_at_most"]

@@ -1,0 +1,117 @@
+"""The daemon's start order (:mod:`eagle3d.run.daemon`): the producer's worker processes are
+started before the space check and before the daemon imports torch, so that on a CPU their
+model load shares the cores with the daemon's own start instead of following it; the journal
+still says ``run_started`` before any word of the producer, and nothing is sent before the
+producer is up."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import runkit
+from eagle3d.produce.hf_layout import GPU_DEVICE_NODES
+from eagle3proto import events as ev
+
+# The daemon's own command, with the two seams it crosses at start recorded: each worker
+# process it launches (and whether torch was in the daemon by then), the space check's entry.
+_SCRIPT = """
+import json, sys
+import eagle3d.produce.hf as hf
+import eagle3d.run.spacecheck as spacecheck
+from eagle3d.cli import main
+
+seen = []
+launch, check_space = hf.launch, spacecheck.check_space
+
+async def recorded_launch(args):
+    seen.append(["launch", "torch" in sys.modules, "transformers" in sys.modules])
+    return await launch(args)
+
+def recorded_check_space(*a, **k):
+    seen.append(["space check", "torch" in sys.modules, "transformers" in sys.modules])
+    return check_space(*a, **k)
+
+hf.launch, spacecheck.check_space = recorded_launch, recorded_check_space
+code = main(sys.argv[2:])
+open(sys.argv[1], "w").write(json.dumps(seen))
+sys.exit(code)
+"""
+
+
+def _run(tiny_model_dir: Path, tmp_path: Path, *extra: str) -> tuple[list[list[object]], Path]:
+    data = tmp_path / "data.jsonl"
+    valid, malformed = runkit.dataset(data, 12)
+    out, seen = tmp_path / "out", tmp_path / "seen.json"
+    argv = runkit.run_args(tiny_model_dir, data, out, *extra)[3:]  # after "python -m eagle3d"
+    r = subprocess.run(
+        [sys.executable, "-c", _SCRIPT, str(seen), *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=runkit.env_without_faults(),
+    )
+    assert r.returncode == 0, (r.returncode, r.stderr[-3000:])
+    runkit.assert_complete(out, valid, malformed)
+    return json.loads(seen.read_text()), out
+
+
+@pytest.mark.skipif(
+    any(os.path.exists(p) for p in GPU_DEVICE_NODES), reason="a GPU host counts its GPUs with torch"
+)
+def test_the_workers_start_before_the_space_check_and_before_the_daemon_imports_torch(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    seen, out = _run(tiny_model_dir, tmp_path)
+    launches = [s for s in seen if s[0] == "launch"]
+    assert launches, seen
+    assert seen.index(["space check", False, False]) == len(launches), seen
+    assert all(s == ["launch", False, False] for s in launches), seen
+    # The journal's story is unchanged: the job, then the load, then the producer's word.
+    evs = runkit.events(out)
+    kinds = [type(e).__name__ for e in evs]
+    started = kinds.index("RunStarted")
+    assert started < kinds.index("ProducerEvent")
+    assert started < kinds.index("RunState") < kinds.index("SampleSent")
+    up = next(i for i, e in enumerate(evs) if isinstance(e, ev.RunState) and e.state == "running")
+    assert up < kinds.index("SampleSent")
+
+
+@pytest.mark.skipif(
+    any(os.path.exists(p) for p in GPU_DEVICE_NODES), reason="a GPU host counts its GPUs with torch"
+)
+def test_without_the_space_check_the_workers_still_start_before_torch_is_imported(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    seen, _ = _run(tiny_model_dir, tmp_path, "--no-space-check")
+    assert seen and all(s == ["launch", False, False] for s in seen), seen
+
+
+def test_a_start_refused_while_the_workers_load_ends_at_once_and_leaves_none(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """The space check refuses (exit 10) while the workers still load (a 10-minute load, by
+    the fault): they are killed, not asked to stop (a "stop" is read only after the load),
+    and nothing of the job is left running or written."""
+    import psutil
+
+    data = tmp_path / "data.jsonl"
+    runkit.dataset(data, 5)
+    out = tmp_path / "out"
+    cmd = runkit.run_args(tiny_model_dir, data, out, "--space-reserve", "100%")
+    env = {**runkit.env_without_faults(), "EAGLE3D_FAULT": "worker_slow_load:600000"}
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 10, r.stderr[-3000:]
+    assert "the job does not fit" in r.stderr and "never retrieved" not in r.stderr
+    assert not list(out.glob("rows_*"))
+    left = [
+        p.pid
+        for p in psutil.process_iter(["cmdline"])
+        if "eagle3d.remote.hf_worker" in " ".join(p.info["cmdline"] or ())
+        and str(out) in " ".join(p.info["cmdline"] or ())
+    ]
+    assert not left, left
