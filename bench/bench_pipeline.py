@@ -455,6 +455,32 @@ def big_model_dir(d: Path, hidden: int, layers: int, tokenizer_from: Path) -> Pa
     return m
 
 
+def commit_inputs(
+    base: Path, model: Path, name: str
+) -> tuple[Path, Path, str, tuple[str, ...], str]:
+    """What the commit benchmarks run the daemon on: the config of a model of H=4096 (the
+    synthetic producer's shape), 96 samples of 1,024 tokens twice (one sample repeated, for
+    dumps that are links of one; and varied ones), the daemon's arguments, and a dump area
+    in /dev/shm removed when the benchmark ends."""
+    big = big_model_dir(base, 4096, 32, model)
+    rnd = random.Random(11)
+    ids = [rnd.randrange(7, 1000) for _ in range(1024)]
+    same = base / "same.jsonl"
+    same.write_text(
+        "".join(
+            json.dumps({"input_ids": ids, "loss_mask": [i % 2 for i in range(1024)]}) + "\n"
+            for _ in range(96)
+        )
+    )
+    varied = pretokenized(base / "big.jsonl", 96, 1024, 1000)
+    args = ("--backend", "synthetic", "--commit-threads", "3", "--concurrency", "12")
+    # Dumps in /dev/shm, the daemon's default dump area (a dump area on the output disk
+    # would add its page-cache traffic to the commits').
+    shm = os.path.join("/dev/shm", f"bench-{name}-{os.getpid()}")
+    atexit.register(shutil.rmtree, shm, True)  # the daemon leaves its dump area
+    return big, same, varied, args, shm
+
+
 def pretokenized(path: Path, n: int, tokens: int, vocab: int, seed: int = 0) -> str:
     rnd = random.Random(seed)
     with open(path, "w") as f:
@@ -495,22 +521,7 @@ def commit_rows(base: Path, model: Path, rounds: int) -> list[tuple[str, str, st
     commits'); and ``dd bs=16M`` of the same bytes to the same disk, ``oflag=direct`` (the
     baseline: what the disk takes) and ``conv=fdatasync`` (buffered: the earlier baseline).
     """
-    big = big_model_dir(base, 4096, 32, model)
-    rnd = random.Random(11)
-    ids = [rnd.randrange(7, 1000) for _ in range(1024)]
-    same = base / "same.jsonl"
-    same.write_text(
-        "".join(
-            json.dumps({"input_ids": ids, "loss_mask": [i % 2 for i in range(1024)]}) + "\n"
-            for _ in range(96)
-        )
-    )
-    varied = pretokenized(base / "big.jsonl", 96, 1024, 1000)
-    args = ("--backend", "synthetic", "--commit-threads", "3", "--concurrency", "12")
-    # Dumps in /dev/shm, the daemon's default dump area (a dump area on the output disk
-    # would add its page-cache traffic to the commits').
-    shm = os.path.join("/dev/shm", f"bench-commit-{os.getpid()}")
-    atexit.register(shutil.rmtree, shm, True)  # the daemon leaves its dump area
+    big, same, varied, args, shm = commit_inputs(base, model, "commit")
     got: dict[str, list[float]] = {k: [] for k in ("link", "write", "direct", "buffered")}
     per = 0.0
     for r in range(rounds):
@@ -573,20 +584,7 @@ def splice_rows(base: Path, model: Path, rounds: int) -> list[tuple[str, str, st
     producer writing each dump (the commit's share of a CPU shared with the producer).
     Interleaved: who goes first alternates from round to round. The ratio is "without"
     over "with" committed MB/s, per round (below 1: the fast path pays)."""
-    big = big_model_dir(base, 4096, 32, model)
-    rnd = random.Random(11)
-    ids = [rnd.randrange(7, 1000) for _ in range(1024)]
-    same = base / "same.jsonl"
-    same.write_text(
-        "".join(
-            json.dumps({"input_ids": ids, "loss_mask": [i % 2 for i in range(1024)]}) + "\n"
-            for _ in range(96)
-        )
-    )
-    varied = pretokenized(base / "big.jsonl", 96, 1024, 1000)
-    args = ("--backend", "synthetic", "--commit-threads", "3", "--concurrency", "12")
-    shm = os.path.join("/dev/shm", f"bench-splice-{os.getpid()}")
-    atexit.register(shutil.rmtree, shm, True)  # the daemon leaves its dump area
+    big, same, varied, args, shm = commit_inputs(base, model, "splice")
     got: dict[str, list[float]] = {f"{k}-{s}": [] for k in ("link", "write") for s in ("1", "0")}
     cpu: dict[str, list[float]] = {k: [] for k in got}
     for r in range(rounds):
