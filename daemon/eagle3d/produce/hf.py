@@ -31,7 +31,7 @@ from eagle3d.produce.hf_layout import (
     worker_device,
     worker_layout,
 )
-from eagle3d.produce.hf_workers import ProducerStartError, Worker, WorkerArgs, launch, to_take
+from eagle3d.produce.hf_workers import Launcher, ProducerStartError, Worker, WorkerArgs, to_take
 from eagle3d.remote import hf_protocol as pr
 
 
@@ -68,6 +68,7 @@ class HFProducer(Producer):
         self._window = window
         self._workers: list[Worker | None] = [None] * max(1, workers)
         self._launched: list[Worker] = []  # started by launch(), not yet awaited
+        self._launcher = Launcher()
         self._is_up = False  # start() returned (a restart's load is then waited for at stop)
         self._events: ProducerEvents | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -128,7 +129,7 @@ class HFProducer(Producer):
         """Worker ``slot``'s process started, its reports read."""
         device = worker_device(self.device, slot, self._gpus)
         args = WorkerArgs(self.model, self.dump_dir, self.batch_tokens, device, self.dtype, self.aux_layers, self.store_dtype, self.threads)  # fmt: skip
-        proc = await launch(args)
+        proc = await self._launcher.start(args, self._gpus)
         w = Worker(slot, proc, last_progress=time.monotonic())
         w.ready = asyncio.get_running_loop().create_future()
         self._workers[slot] = w
@@ -160,7 +161,7 @@ class HFProducer(Producer):
                 self._on_message(w, pr.from_worker(payload))
         if w.ready is not None and not w.ready.done():
             code = await w.proc.wait()
-            w.ready.set_exception(ProducerStartError(f"hf worker exited with {code} while loading"))
+            w.ready.set_exception(ProducerStartError(Launcher.load_exit(w.proc, code)))
 
     def _on_message(self, w: Worker, msg: pr.FromWorker) -> None:
         now = time.monotonic()
@@ -293,6 +294,7 @@ class HFProducer(Producer):
 
     async def stop(self) -> None:
         self._stopped = True
+        self._launcher.abandon()  # a zygote still importing (nothing forked yet) ends now
         for w in self._workers:
             if w is None:
                 continue
@@ -315,6 +317,7 @@ class HFProducer(Producer):
                 with contextlib.suppress(ProcessLookupError):
                     w.proc.kill()
                 await w.proc.wait()
+        await self._launcher.close()
         for t in list(self._tasks):
             t.cancel()
 
@@ -334,9 +337,8 @@ class HFProducer(Producer):
             return
         # To the worker with the fewest tokens outstanding (its running batch included): the
         # work each has left, so the workers run out at about the same time at the end of
-        # the dataset. Counting only waiting requests left one single-threaded worker idle
-        # for the length of a batch (1.2-1.8 s of 8.6 s on the demo set); outstanding
-        # requests or tokens leave 0.2-0.7 s (docs/benchmarks.md, fifth session).
+        # the dataset (counting only waiting requests left a single-threaded worker idle for
+        # a batch's length at the end: 1.2-1.8 s of 8.6 s on the demo set).
         w = min(live, key=lambda x: (sum(x.inflight.values()), x.slot))
         if not w.owes:
             w.last_progress = time.monotonic()  # it was idle, not stuck: the clock starts now

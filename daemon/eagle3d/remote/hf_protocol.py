@@ -89,3 +89,63 @@ from_worker = msgspec.msgpack.Decoder(FromWorker).decode
 def frame(msg: ToWorker | FromWorker) -> bytes:
     """``msg`` as one frame for the pipe."""
     return encode_frame(_encode(msg))
+
+
+# The worker zygote's socket (:mod:`eagle3d.remote.hf_zygote`): one message per packet of a
+# SOCK_SEQPACKET socket pair, its file descriptors in that packet's ancillary data.
+
+
+class Fork(msgspec.Struct, tag="fork", tag_field="op"):
+    """Fork a worker with these flags; fds: its stdin's read end, its stdout's write end."""
+
+    id: int
+    flags: list[str]
+
+
+class Kill(msgspec.Struct, tag="kill", tag_field="op"):
+    """SIGKILL the worker forked for ``id`` (sent only after its ``fork``: a stop while the
+    zygote still imports is answered in order, so no worker is left unknown)."""
+
+    id: int
+
+
+class Hello(msgspec.Struct, tag="hello", tag_field="op"):
+    """The zygote has imported what a worker needs; ``tasks``: its native threads then."""
+
+    pid: int
+    secs: float
+    tasks: int
+
+
+class ImportFailed(msgspec.Struct, tag="import_failed", tag_field="op"):
+    error: str
+    message: str
+
+
+class Forked(msgspec.Struct, tag="forked", tag_field="op"):
+    """The worker for ``id`` runs as ``pid``; fds: a pidfd of it."""
+
+    id: int
+    pid: int
+
+
+class ForkFailed(msgspec.Struct, tag="fork_failed", tag_field="op"):
+    id: int
+    error: str
+    message: str
+
+
+class Exited(msgspec.Struct, tag="exited", tag_field="op"):
+    """The worker for ``id`` ended; ``code`` as asyncio reports it (-N: killed by signal N)."""
+
+    id: int
+    pid: int
+    code: int
+
+
+ToZygote = Fork | Kill
+FromZygote = Hello | ImportFailed | Forked | ForkFailed | Exited
+
+encode = _encode
+to_zygote = msgspec.msgpack.Decoder(ToZygote).decode
+from_zygote = msgspec.msgpack.Decoder(FromZygote).decode
