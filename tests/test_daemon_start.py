@@ -18,25 +18,26 @@ from eagle3d.produce.hf_layout import GPU_DEVICE_NODES
 from eagle3proto import events as ev
 
 # The daemon's own command, with the two seams it crosses at start recorded: each worker
-# process it launches (and whether torch was in the daemon by then), the space check's entry.
+# worker process it starts, forked or exec'd (and whether torch was in the daemon by then),
+# the space check's entry.
 _SCRIPT = """
 import json, sys
-import eagle3d.produce.hf as hf
+import eagle3d.produce.hf_workers as hw
 import eagle3d.run.spacecheck as spacecheck
 from eagle3d.cli import main
 
 seen = []
-launch, check_space = hf.launch, spacecheck.check_space
+start, check_space = hw.Launcher.start, spacecheck.check_space
 
-async def recorded_launch(args):
+async def recorded_start(self, args, gpus):
     seen.append(["launch", "torch" in sys.modules, "transformers" in sys.modules])
-    return await launch(args)
+    return await start(self, args, gpus)
 
 def recorded_check_space(*a, **k):
     seen.append(["space check", "torch" in sys.modules, "transformers" in sys.modules])
     return check_space(*a, **k)
 
-hf.launch, spacecheck.check_space = recorded_launch, recorded_check_space
+hw.Launcher.start, spacecheck.check_space = recorded_start, recorded_check_space
 code = main(sys.argv[2:])
 open(sys.argv[1], "w").write(json.dumps(seen))
 sys.exit(code)
