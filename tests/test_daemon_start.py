@@ -18,7 +18,7 @@ from eagle3d.produce.hf_layout import GPU_DEVICE_NODES
 from eagle3proto import events as ev
 
 # The daemon's own command, with the two seams it crosses at start recorded: each worker
-# worker process it starts, forked or exec'd (and whether torch was in the daemon by then),
+# process it starts, forked or exec'd (and whether torch was in the daemon by then),
 # the space check's entry.
 _SCRIPT = """
 import json, sys
