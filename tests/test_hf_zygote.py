@@ -188,8 +188,8 @@ def test_a_stop_while_the_zygote_imports_leaves_no_process(
         await p.launch(events)
         z = _zygote(p)
         await p.stop()
-        assert z.hello is None  # it was still importing: ended by SIGTERM, nothing forked
-        assert z.proc.returncode == -signal.SIGTERM
+        assert z.hello is None  # it was still importing: ended at once, nothing forked
+        assert z.proc.returncode == -signal.SIGUSR1
         assert psutil.Process().children(recursive=True) == []
 
     _run(body)
@@ -223,6 +223,31 @@ def test_the_switch_turns_the_zygote_off(
         assert p._launcher.zygote is None
         assert all(psutil.Process(pid).ppid() == os.getpid() for pid in _pids(p))
         await _computes(p, tmp_path, "exec")
+        await p.stop()
+
+    _run(body)
+
+
+def test_the_group_signals_are_the_daemons_to_act_on(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Ctrl-C, SIGTERM or SIGHUP sent to the process group reach the zygote and its workers
+    (all in the daemon's group) as they reach exec'd workers: ignored, the daemon stops them."""
+    group = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    async def body() -> None:
+        p, events = _producer(tiny_model_dir, tmp_path), _Events()
+        await p.launch(events)
+        z = _zygote(p)
+        assert os.getpgid(z.proc.pid) == os.getpgid(0)
+        await asyncio.sleep(0.5)  # past the interpreter's start, into the imports
+        for sig in group:
+            os.kill(z.proc.pid, sig)
+        await p.start(events)
+        for pid in [*_pids(p), z.proc.pid]:
+            for sig in group:
+                os.kill(pid, sig)
+        await asyncio.sleep(0.5)
+        assert z.proc.returncode is None and not any(_gone(pid) for pid in _pids(p))
+        await _computes(p, tmp_path, "after-signals")
         await p.stop()
 
     _run(body)

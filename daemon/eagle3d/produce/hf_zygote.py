@@ -25,6 +25,7 @@ import socket
 import sys
 
 from eagle3d.remote import hf_protocol as pr
+from eagle3d.remote.hf_zygote import ABANDON
 
 ENV = "EAGLE3D_WORKER_ZYGOTE"
 
@@ -199,10 +200,10 @@ class Zygote:
 
     def abandon(self) -> None:
         """A stop while starting: end the zygote now if it still imports (it has forked
-        nothing then, and SIGTERM is its default end); after, its kills come in order."""
+        nothing then, and ``ABANDON`` ends it); after, it ignores that, and kills in order."""
         if self.hello is None and self.proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
-                self.proc.terminate()
+                self.proc.send_signal(ABANDON)
 
     async def close(self) -> None:
         """Let the zygote go (it leaves on the closed socket) and wait for it."""

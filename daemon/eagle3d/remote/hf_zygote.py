@@ -8,10 +8,11 @@ fork, so no torch thread pool is ever copied). The zygote reaps its children and
 exit status; each child's pidfd goes to the daemon, which kills and watches it directly.
 
 Only single-threaded state is forked: the zygote refuses (``fork_failed``) when it runs more
-than one native thread, and it never touches CUDA (the daemon exec's GPU workers). It ignores
-SIGINT and SIGHUP (the daemon stops the workers in order); SIGTERM ends it while it imports
-(nothing is forked yet), and is ignored after. When the daemon closes its end, the zygote
-leaves; the workers it forked keep their own pipes.
+than one native thread, and it never touches CUDA (the daemon exec's GPU workers). Like a
+worker it ignores SIGINT, SIGTERM and SIGHUP sent to the process group (the daemon stops the
+workers in order). SIGUSR1, the daemon's "give up" at a stop during the start, ends it while it
+imports (it has forked nothing yet) and is ignored after. When the daemon closes its end, the
+zygote leaves; the workers it forked keep their own pipes.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import traceback
 from eagle3d.remote import hf_protocol as pr
 
 _BLAS = "OPENBLAS_NUM_THREADS"
+ABANDON = signal.SIGUSR1  # default action: the process ends
 
 
 def tasks() -> int:
@@ -151,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="")
     args = p.parse_args(argv)
     sock = socket.socket(fileno=args.fd)
-    for sig in (signal.SIGINT, signal.SIGHUP):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
     if _BLAS not in os.environ:
         # numpy's OpenBLAS starts a thread pool when loaded; one thread is none, so the zygote
@@ -164,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:
         send(sock, pr.ImportFailed(type(e).__name__, str(e)))
         return 1
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # from now on, children may exist
+    signal.signal(ABANDON, signal.SIG_IGN)  # from now on, children may exist
     send(sock, pr.Hello(os.getpid(), time.perf_counter() - t0, tasks()))
     return serve(sock)
 
