@@ -11,6 +11,8 @@ producer up (the workers' start and model load), the first saved sample, the las
 
     flock /tmp/eagle3d-bench.lock .venv/bin/python bench/short_job.py [--rounds 3] [--markdown]
         [--compare-src DIR]   # another revision's daemon too: git archive REV daemon shared
+        [--compare-env K=V]   # this daemon again as 'other', with K=V in its environment
+                              # (EAGLE3D_WORKER_ZYGOTE=0: the workers exec'd, not forked)
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -48,13 +51,14 @@ def build_model(d: Path, layers: int, hidden: int) -> Path:
 
 
 def run_daemon(
-    model: Path, data: str, out: Path, extra: list[str], src: str = ""
+    model: Path, data: str, out: Path, extra: list[str], src: str = "", more_env: Sequence[str] = ()
 ) -> dict[str, Any]:
     shutil.rmtree(out, ignore_errors=True)
     os.sync()
     cmd = [sys.executable, "-m", "eagle3d", "run", "--model", str(model), "--dataset", data]
     cmd += ["--output", str(out), "--dump-dir", f"{out}-dumps", "--socket", f"{out}.sock", *extra]
     env = ENV if not src else {**ENV, "PYTHONPATH": f"{src}/daemon:{src}/shared"}
+    env = {**env, **dict(kv.split("=", 1) for kv in more_env)}
     t0, w0 = time.monotonic(), time.time()
     r = subprocess.run(cmd, env=env, capture_output=True, text=True)
     wall = time.monotonic() - t0
@@ -109,6 +113,12 @@ def main() -> int:
         help="a source tree of another revision (git archive REV daemon shared): its daemon "
         "runs too, as 'other', with the same model and samples",
     )
+    p.add_argument(
+        "--compare-env",
+        action="append",
+        default=[],
+        help="K=V in the environment of 'other' (with or without --compare-src)",
+    )
     p.add_argument("--dir", default=None)
     p.add_argument("--markdown", action="store_true")
     a = p.parse_args()
@@ -117,7 +127,8 @@ def main() -> int:
     rows = []
     for i in range(a.rounds):
         # Alternate who goes first: this machine's speed drifts by more than the effect.
-        kinds = ["daemon", "serial", *(["other"] if a.compare_src else [])]
+        compare = bool(a.compare_src or a.compare_env)
+        kinds = ["daemon", "serial", *(["other"] if compare else [])]
         order = kinds if i % 2 == 0 else kinds[::-1]
         got: dict[str, dict[str, Any]] = {}
         for who in order:
@@ -125,7 +136,7 @@ def main() -> int:
                 got[who] = run_daemon(model, a.dataset, work / "out-daemon", a.daemon_arg)
             elif who == "other":
                 out = work / "out-other"
-                got[who] = run_daemon(model, a.dataset, out, a.daemon_arg, a.compare_src)
+                got[who] = run_daemon(model, a.dataset, out, a.daemon_arg, a.compare_src, a.compare_env)  # fmt: skip
             else:
                 got[who] = run_serial(model, a.dataset, work / "out-serial", a.threads)
         ratio = got["daemon"]["samples_s"] / got["serial"]["samples_s"]
@@ -136,7 +147,7 @@ def main() -> int:
         print(json.dumps(rows[-1]), file=sys.stderr)
     med = statistics.median(r["ratio"] for r in rows)
     if a.markdown:
-        other = " | other revision: ratio (phases)" if a.compare_src else ""
+        other = " | other: ratio (phases)" if a.compare_src or a.compare_env else ""
         print(f"| round (load) | daemon samples/s (wall) | serial samples/s (wall) | ratio | daemon: run_started / producer up / first saved / last saved / finished / exit (s){other} |")  # fmt: skip
         print("|---|---|---|---|---|" + ("---|" if other else ""))
         keys = ("to_run_started", "to_producer_up", "to_first_saved", "to_last_saved", "to_finished", "wall")  # fmt: skip
@@ -149,8 +160,9 @@ def main() -> int:
                 more = f" {r['other_ratio']:.2f} ({o}) |"
             print(f"| {r['round']} ({r['load']:.1f}) | {d['samples_s']:.2f} ({d['wall']:.1f} s) | {s['samples_s']:.2f} ({s['wall']:.1f} s) | {r['ratio']:.2f} | {phases} |{more}")  # fmt: skip
         print(f"\nmedian ratio {med:.2f} over {len(rows)} rounds")
-        if a.compare_src:
-            print(f"other revision: median {statistics.median(r['other_ratio'] for r in rows):.2f}")
+        if other:
+            what = " ".join([a.compare_src, *a.compare_env]).strip()
+            print(f"other ({what}): median {statistics.median(r['other_ratio'] for r in rows):.2f}")
     else:
         print(json.dumps({"median_ratio": med, "rounds": rows}))
     return 0
