@@ -108,7 +108,11 @@ def serve(sock: socket.socket) -> int:
     children: dict[int, tuple[int, int]] = {}  # pidfd -> (id, pid)
     by_id: dict[int, int] = {}  # id -> pid, until reaped
     while True:
-        for fd, _ in poll.poll():
+        for fd, event in poll.poll():
+            if fd == sock.fileno() and event & (select.POLLHUP | select.POLLERR):
+                # The daemon is gone (killed): forks it asked for and never got to read
+                # would only load the model for nobody.
+                return 0
             if fd != sock.fileno():
                 ident, pid = children.pop(fd)
                 poll.unregister(fd)
