@@ -251,3 +251,33 @@ def test_the_group_signals_are_the_daemons_to_act_on(tiny_model_dir: Path, tmp_p
         await p.stop()
 
     _run(body)
+
+
+def test_a_daemon_gone_before_its_forks_were_read_gets_none(tiny_model_dir: Path) -> None:
+    """The daemon is killed while the zygote imports, with two forks asked: the zygote leaves
+    without forking (a worker would load the model for nobody)."""
+    import socket
+    import subprocess
+    import sys
+
+    from eagle3d.remote import hf_protocol as pr
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    cmd = [sys.executable, "-m", "eagle3d.remote.hf_zygote", "--fd", str(theirs.fileno())]
+    z = subprocess.Popen([*cmd, "--model", str(tiny_model_dir)], pass_fds=[theirs.fileno()])
+    theirs.close()
+    outs = []
+    for ident in (1, 2):
+        in_r, in_w = os.pipe()
+        out_r, out_w = os.pipe()
+        flags = ["--model", str(tiny_model_dir), "--dump-dir", "/nonexistent"]
+        socket.send_fds(ours, [pr.encode(pr.Fork(ident, flags))], [in_r, out_w])
+        os.close(in_r)
+        os.close(out_w)
+        outs.append((in_w, out_r))
+    ours.close()
+    assert z.wait(timeout=60) == 0
+    for in_w, out_r in outs:
+        assert os.read(out_r, 1 << 16) == b""  # a forked worker would have said "ready"
+        os.close(in_w)
+        os.close(out_r)
