@@ -108,6 +108,7 @@ class Zygote:
         self._error = ""
         self._next = 0
         self._workers: dict[int, ForkedWorker] = {}
+        self._reaper: asyncio.Task[None] | None = None  # held: the loop keeps only weak refs
         asyncio.get_running_loop().add_reader(sock, self._readable)
 
     @classmethod
@@ -190,7 +191,7 @@ class Zygote:
         with contextlib.suppress(Exception):
             asyncio.get_running_loop().remove_reader(self._sock)
         self._sock.close()
-        asyncio.get_running_loop().create_task(self._reap())
+        self._reaper = asyncio.get_running_loop().create_task(self._reap())
 
     async def _reap(self) -> None:
         code = await self.proc.wait()
