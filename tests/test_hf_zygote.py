@@ -94,7 +94,8 @@ def test_cpu_workers_are_forked_from_one_zygote(tiny_model_dir: Path, tmp_path: 
             # worker, and is in the daemon's process group (a group's Ctrl-C reaches it).
             assert proc.ppid() == z.proc.pid and w.info.pid == w.proc.pid
             assert w.info.threads == 2
-            assert "eagle3d.remote.hf_worker" in proc.cmdline()
+            assert proc.cmdline()[1:3] == ["-m", "eagle3d.remote.hf_worker"]
+            assert proc.cmdline()[-2:] == ["--threads", "2"]  # whole: the zygote left room
             assert os.getpgid(proc.pid) == os.getpgid(0)
         await _computes(p, tmp_path, "r1")
         await _computes(p, tmp_path, "r2")

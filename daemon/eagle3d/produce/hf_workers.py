@@ -108,7 +108,7 @@ class Launcher:
     async def start(self, args: WorkerArgs, gpus: int) -> WorkerProc:
         if self._use and forkable(args.device, gpus):
             if self.zygote is None:
-                self.zygote = await Zygote.launch(args.model, worker_env())
+                self.zygote = await Zygote.launch(args.model, worker_env(), args.flags())
             forked = await self.zygote.fork(args.flags())
             if forked is not None:
                 return forked

@@ -112,12 +112,14 @@ class Zygote:
         asyncio.get_running_loop().add_reader(sock, self._readable)
 
     @classmethod
-    async def launch(cls, model: str, env: dict[str, str]) -> Zygote:
+    async def launch(cls, model: str, env: dict[str, str], flags: list[str]) -> Zygote:
+        """The zygote started; ``flags``, a worker's, only show on its command line (and
+        leave the room its workers' titles take there)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with theirs:
             cmd = [sys.executable, "-m", "eagle3d.remote.hf_zygote", "--fd", str(theirs.fileno())]
             proc = await asyncio.create_subprocess_exec(
-                *cmd, "--model", model, stdin=asyncio.subprocess.DEVNULL,
+                *cmd, "--model", model, "--", *flags, stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.DEVNULL, pass_fds=(theirs.fileno(),), env=env,
             )  # fmt: skip
         ours.setblocking(False)

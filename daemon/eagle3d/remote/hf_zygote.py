@@ -1,4 +1,4 @@
-"""The HF workers' zygote: ``python -m eagle3d.remote.hf_zygote --fd N [--model DIR]``.
+"""The HF workers' zygote: ``python -m eagle3d.remote.hf_zygote --fd N [--model DIR] [-- FLAGS]``.
 
 It imports torch, transformers and the worker once, then forks one worker per ``fork`` message
 (:mod:`eagle3d.remote.hf_protocol`) on the socket ``N``: the child takes the two pipe ends that
@@ -62,15 +62,17 @@ def preload(model: str) -> None:
 
 def set_title(words: list[str]) -> None:
     """Show ``words`` as this process's command line (``ps``, psutil): a forked worker reads
-    as a worker, not as the zygote. Written over the original argv area, truncated to fit."""
+    as a worker, not as the zygote. Written over the original argv area as setproctitle(3)
+    does (one string, then NULs, and a last byte that is not: the kernel then shows the
+    string alone, and psutil splits it at its spaces), truncated to fit."""
     with contextlib.suppress(OSError, ValueError, IndexError):
         with open("/proc/self/stat", "rb") as f:
             fields = f.read().rsplit(b")", 1)[1].split()
         start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end (fields 48, 49)
-        title = "\0".join(words).encode()[: end - start - 1]
+        title = " ".join(words).encode()[: end - start - 2]
         with open("/proc/self/mem", "r+b", buffering=0) as mem:
             mem.seek(start)
-            mem.write(title.ljust(end - start, b"\0"))
+            mem.write(title.ljust(end - start - 1, b"\0") + b" ")
 
 
 def child(sock: socket.socket, fds: list[int], flags: list[str], pidfds: list[int]) -> None:
@@ -155,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="eagle3d-hf-zygote")
     p.add_argument("--fd", type=int, required=True)
     p.add_argument("--model", default="")
+    p.add_argument("shown", nargs="*", help="a worker's flags: room for its title (unused)")
     args = p.parse_args(argv)
     sock = socket.socket(fileno=args.fd)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
