@@ -71,7 +71,10 @@ def run_daemon(
         return next(e.ts for e in evs if pred(e)) - w0
 
     up = at(lambda e: isinstance(e, ev.RunState) and e.state == "running")
+    stats = [e for e in evs if isinstance(e, ev.Stats) and "batch_fill" in e.producer.detail]
+    fill = float(stats[-1].producer.detail["batch_fill"]) if stats else 0.0
     return {
+        "batch_fill": fill,
         "saved": len(saved),
         "wall": wall,
         "samples_s": len(saved) / wall,
@@ -119,6 +122,12 @@ def main() -> int:
         default=[],
         help="K=V in the environment of 'other' (with or without --compare-src)",
     )
+    p.add_argument(
+        "--compare-arg",
+        action="append",
+        default=[],
+        help="an extra `eagle3d run` flag of 'other' only (with or without --compare-src)",
+    )
     p.add_argument("--dir", default=None)
     p.add_argument("--markdown", action="store_true")
     a = p.parse_args()
@@ -127,7 +136,7 @@ def main() -> int:
     rows = []
     for i in range(a.rounds):
         # Alternate who goes first: this machine's speed drifts by more than the effect.
-        compare = bool(a.compare_src or a.compare_env)
+        compare = bool(a.compare_src or a.compare_env or a.compare_arg)
         kinds = ["daemon", "serial", *(["other"] if compare else [])]
         order = kinds if i % 2 == 0 else kinds[::-1]
         got: dict[str, dict[str, Any]] = {}
@@ -136,7 +145,8 @@ def main() -> int:
                 got[who] = run_daemon(model, a.dataset, work / "out-daemon", a.daemon_arg)
             elif who == "other":
                 out = work / "out-other"
-                got[who] = run_daemon(model, a.dataset, out, a.daemon_arg, a.compare_src, a.compare_env)  # fmt: skip
+                more = [*a.daemon_arg, *a.compare_arg]
+                got[who] = run_daemon(model, a.dataset, out, more, a.compare_src, a.compare_env)
             else:
                 got[who] = run_serial(model, a.dataset, work / "out-serial", a.threads)
         ratio = got["daemon"]["samples_s"] / got["serial"]["samples_s"]
@@ -147,9 +157,9 @@ def main() -> int:
         print(json.dumps(rows[-1]), file=sys.stderr)
     med = statistics.median(r["ratio"] for r in rows)
     if a.markdown:
-        other = " | other: ratio (phases)" if a.compare_src or a.compare_env else ""
-        print(f"| round (load) | daemon samples/s (wall) | serial samples/s (wall) | ratio | daemon: run_started / producer up / first saved / last saved / finished / exit (s){other} |")  # fmt: skip
-        print("|---|---|---|---|---|" + ("---|" if other else ""))
+        other = " | other: ratio (phases)" if compare else ""
+        print(f"| round (load) | daemon samples/s (wall) | serial samples/s (wall) | ratio | batch fill | daemon: run_started / producer up / first saved / last saved / finished / exit (s){other} |")  # fmt: skip
+        print("|---|---|---|---|---|---|" + ("---|" if other else ""))
         keys = ("to_run_started", "to_producer_up", "to_first_saved", "to_last_saved", "to_finished", "wall")  # fmt: skip
         for r in rows:
             d, s = r["daemon"], r["serial"]
@@ -157,11 +167,11 @@ def main() -> int:
             more = ""
             if "other" in r:
                 o = " / ".join(f"{r['other'][k]:.1f}" for k in keys)
-                more = f" {r['other_ratio']:.2f} ({o}) |"
-            print(f"| {r['round']} ({r['load']:.1f}) | {d['samples_s']:.2f} ({d['wall']:.1f} s) | {s['samples_s']:.2f} ({s['wall']:.1f} s) | {r['ratio']:.2f} | {phases} |{more}")  # fmt: skip
+                more = f" {r['other_ratio']:.2f}, fill {r['other']['batch_fill']:.2f} ({o}) |"
+            print(f"| {r['round']} ({r['load']:.1f}) | {d['samples_s']:.2f} ({d['wall']:.1f} s) | {s['samples_s']:.2f} ({s['wall']:.1f} s) | {r['ratio']:.2f} | {d['batch_fill']:.2f} | {phases} |{more}")  # fmt: skip
         print(f"\nmedian ratio {med:.2f} over {len(rows)} rounds")
         if other:
-            what = " ".join([a.compare_src, *a.compare_env]).strip()
+            what = " ".join([a.compare_src, *a.compare_env, *a.compare_arg]).strip()
             print(f"other ({what}): median {statistics.median(r['other_ratio'] for r in rows):.2f}")
     else:
         print(json.dumps({"median_ratio": med, "rounds": rows}))

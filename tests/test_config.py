@@ -84,10 +84,11 @@ def test_commit_threads_default_follows_the_cpus_within_2_to_8() -> None:
 
 def test_worker_settings_default_to_automatic_and_refuse_negatives() -> None:
     cfg = config.build({}, {"model": "/m", "dataset": "/d", "output": "/o"})
-    assert (cfg.workers, cfg.worker_threads) == (0, 0)  # eagle3d.produce.hf_layout
+    # eagle3d.produce.hf_layout: worker_layout() and token_budget()
+    assert (cfg.workers, cfg.worker_threads, cfg.batch_tokens) == (0, 0, 0)
     args = parse("--model", "/m", "--dataset", "/d", "--output", "/o", "--worker-threads", "3")
     assert config.from_args(args).worker_threads == 3
-    for key in ("workers", "worker_threads"):
+    for key in ("workers", "worker_threads", "batch_tokens"):
         with pytest.raises(ConfigError, match=f"{key} must be >= 0"):
             config.build({}, {"model": "/m", "dataset": "/d", "output": "/o", key: -1})
 

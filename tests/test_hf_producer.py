@@ -18,7 +18,10 @@ from eagle3d.core.sample import Request
 from eagle3d.produce.base import DUMP_GRACE_S
 from eagle3d.produce.hf import HFProducer
 from eagle3d.produce.hf_layout import (
+    CPU_BATCH_TOKENS,
+    GPU_BATCH_TOKENS,
     model_weight_bytes,
+    token_budget,
     usable_cpus,
     visible_gpus,
     worker_device,
@@ -92,6 +95,16 @@ def test_without_gpus_or_on_the_cpu_the_setting_passes_through() -> None:
     assert worker_device("auto", 3, 0) == "auto"  # the worker falls back to the CPU itself
     assert worker_device("cpu", 1, 8) == "cpu"  # asked for the CPU on a GPU node
     assert worker_device("cuda", 0, 0) == "cuda"  # the worker then fails with torch's message
+
+
+def test_the_batch_budget_is_small_on_a_cpu_and_large_on_a_gpu_unless_given() -> None:
+    assert CPU_BATCH_TOKENS < GPU_BATCH_TOKENS
+    assert token_budget(0, "auto", 0) == CPU_BATCH_TOKENS  # no GPU: the worker takes the CPU
+    assert token_budget(0, "cpu", 8) == CPU_BATCH_TOKENS  # asked for the CPU on a GPU node
+    assert token_budget(0, "auto", 2) == GPU_BATCH_TOKENS
+    assert token_budget(0, "cuda", 1) == GPU_BATCH_TOKENS
+    assert token_budget(3000, "cpu", 0) == 3000  # --batch-tokens wins on either
+    assert token_budget(3000, "cuda", 1) == 3000
 
 
 def test_a_cpu_job_or_a_cpu_only_machine_sees_no_gpu() -> None:
@@ -202,8 +215,8 @@ def test_a_default_cpu_run_starts_the_automatic_layout(
     plural = "s" if threads > 1 else ""
     # The thread count in the message is what each worker's torch reported, not the request.
     assert ups and ups[0]["message"] == (
-        f"{workers} worker(s) on cpu, {threads} thread{plural} each; "
-        "malloc: mmap threshold 32 MiB, trim threshold 1 GiB"
+        f"{workers} worker(s) on cpu, {threads} thread{plural} each, batches of "
+        f"{CPU_BATCH_TOKENS:,} tokens; malloc: mmap threshold 32 MiB, trim threshold 1 GiB"
     )
     health = [rec["producer"] for rec in runkit.records(out, "stats") if rec.get("producer")]
     assert health and health[-1]["detail"]["workers"] == workers

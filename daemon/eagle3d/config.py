@@ -40,7 +40,7 @@ class JobConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     concurrency: int = 0
     max_attempts: int = 3
     request_timeout: float = 600.0
-    batch_tokens: int = 8192
+    batch_tokens: int = 0  # 0: by the device, see eagle3d.produce.hf_layout.token_budget()
     workers: int = 0  # 0: automatic, see eagle3d.produce.hf_layout.worker_layout()
     worker_threads: int = 0  # 0: the CPUs divided among the workers
     device: str = "auto"
@@ -79,10 +79,9 @@ class JobConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 raise ConfigError(f"server: {problem}")
         if self.aux_layers and len(self.aux_layers) != 3:
             raise ConfigError(f"aux_layers: expected 3 layer ids, got {self.aux_layers}")
-        for key in ("max_attempts", "batch_tokens"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"{key} must be >= 1, got {getattr(self, key)}")
-        for key in ("workers", "worker_threads", "commit_threads"):
+        if self.max_attempts < 1:
+            raise ConfigError(f"max_attempts must be >= 1, got {self.max_attempts}")
+        for key in ("workers", "worker_threads", "commit_threads", "batch_tokens"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"{key} must be >= 0 (0: automatic), got {getattr(self, key)}")
         if not 0.0 <= self.max_failed_fraction <= 1.0:
@@ -196,7 +195,12 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
     )
     a("--max-attempts", type=int, dest="max_attempts", help="attempts per sample (default 3)")
     a("--request-timeout", type=float, dest="request_timeout", metavar="S")
-    a("--batch-tokens", type=int, dest="batch_tokens", help="HF token budget per batch")
+    a(
+        "--batch-tokens",
+        type=int,
+        dest="batch_tokens",
+        help="HF token budget per batch (default: 8192 on a GPU, 512 on a CPU)",
+    )
     a(
         "--workers",
         type=int,

@@ -25,7 +25,9 @@ from eagle3proto.wire import FrameBuffer
 from eagle3d.core.sample import Request
 from eagle3d.produce.base import DumpGrace, Producer, ProducerEvents
 from eagle3d.produce.hf_layout import (
+    GPU_BATCH_TOKENS,
     model_weight_bytes,
+    token_budget,
     usable_cpus,
     visible_gpus,
     worker_device,
@@ -47,7 +49,7 @@ class HFProducer(Producer):
         dump_dir: str,
         aux_layers: list[int] | None = None,
         workers: int = 0,
-        batch_tokens: int = 8192,
+        batch_tokens: int = 0,  # 0: by the device (token_budget)
         device: str = "auto",
         dtype: str = "auto",
         store_dtype: str = "",
@@ -60,6 +62,7 @@ class HFProducer(Producer):
         self.aux_layers = aux_layers or []
         self.n_workers = workers
         self.batch_tokens = batch_tokens
+        self._budget = batch_tokens  # by the device when 0, once the GPUs are counted
         self.device = device
         self.dtype = dtype
         self.store_dtype = store_dtype  # '' keeps the compute dtype (the commit casts)
@@ -91,6 +94,7 @@ class HFProducer(Producer):
         """The worker processes started (each loads the model); :meth:`start` awaits them."""
         self._events = events
         self._gpus = visible_gpus(self.device)
+        self._budget = token_budget(self.batch_tokens, self.device, self._gpus)
         import psutil
 
         self.n_workers, self.threads = worker_layout(
@@ -114,12 +118,9 @@ class HFProducer(Producer):
         # As the workers report it (torch.get_num_threads()), not as asked.
         told = sorted({i.threads for i in infos})
         each = f"{'/'.join(map(str, told))} thread{'s' if told[-1:] != [1] else ''} each"
-        malloc = sorted({i.malloc for i in infos})
-        events.producer_state(
-            "up",
-            f"{self.n_workers} worker(s) on {', '.join(devices)}, {each}; "
-            f"malloc: {'/'.join(malloc)}",
-        )
+        malloc, budget = "/".join(sorted({i.malloc for i in infos})), f"{self._budget:,}"
+        on = f"{self.n_workers} worker(s) on {', '.join(devices)}, {each}"
+        events.producer_state("up", f"{on}, batches of {budget} tokens; malloc: {malloc}")
         self._is_up = True
 
     async def _spawn(self, slot: int) -> Worker:
@@ -128,7 +129,7 @@ class HFProducer(Producer):
     async def _begin(self, slot: int) -> Worker:
         """Worker ``slot``'s process started, its reports read."""
         device = worker_device(self.device, slot, self._gpus)
-        args = WorkerArgs(self.model, self.dump_dir, self.batch_tokens, device, self.dtype, self.aux_layers, self.store_dtype, self.threads)  # fmt: skip
+        args = WorkerArgs(self.model, self.dump_dir, self._budget, device, self.dtype, self.aux_layers, self.store_dtype, self.threads)  # fmt: skip
         proc = await self._launcher.start(args, self._gpus)
         w = Worker(slot, proc, last_progress=time.monotonic())
         w.ready = asyncio.get_running_loop().create_future()
@@ -217,11 +218,9 @@ class HFProducer(Producer):
         """``idle`` waits for work with nothing queued: take over part of the requests
         waiting at the busiest worker, so that both run out at about the same time.
 
-        Dispatching by tokens outstanding balances the workers while the daemon refills its
-        window; at the end of the dataset nothing is refilled, and one worker used to sit
-        idle while another still had a queue behind its running batch (about 1 s of a 7.5 s
-        demo run on this machine's two single-threaded workers). The worker hands back only
-        what it has not started (its "given" answer); those are resubmitted here.
+        At the end of the dataset nothing refills the window, and one worker sat idle while
+        another still had a queue (about 1 s of a 7.5 s demo run on two CPU workers). The
+        worker hands back only what it has not started ("given"); those are resubmitted.
         """
         found = to_take(self._workers, idle)
         if found is None:
@@ -364,8 +363,9 @@ class HFProducer(Producer):
     def window(self) -> int:
         if self._window:
             return self._window
-        # Enough queued work for the worker to sort by length and fill two budgets.
-        return max(16, 4 * self.n_workers * max(1, self.batch_tokens // 512))
+        # Enough queued work for each worker to choose batches of similar lengths from: by
+        # default 64 requests (a CPU's small budget pads least with the most to choose from).
+        return max(16, 4 * self.n_workers * max(1, (self.batch_tokens or GPU_BATCH_TOKENS) // 512))
 
     def is_stuck(self, now: float) -> bool:
         return any(w is not None and self._hung(w, now) for w in self._workers)

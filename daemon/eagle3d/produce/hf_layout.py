@@ -7,6 +7,27 @@ import contextlib
 import os
 
 
+def cpu_worker(device: str, gpus: int) -> bool:
+    """A worker on this ``--device`` runs on the CPU (it never initializes CUDA)."""
+    return device == "cpu" or (device == "auto" and gpus == 0)
+
+
+#: A batch's token budget when ``--batch-tokens`` is not given: on a GPU, batches large enough
+#: to fill the device; on a CPU, small ones. A CPU forward's cost grows with the tokens it
+#: computes, padding included, and gains little from long batches: on the demo set a budget
+#: of 512 tokens computed 91-96 % real tokens against 68-75 % with 8192, and the whole short
+#: job went from 0.97x to 1.2-1.3x the serial script (docs/benchmarks.md, "Whole short job").
+GPU_BATCH_TOKENS = 8192
+CPU_BATCH_TOKENS = 512
+
+
+def token_budget(configured: int, device: str, gpus: int) -> int:
+    """The token budget of a worker's batches: ``configured``, or by its device when 0."""
+    if configured > 0:
+        return configured
+    return CPU_BATCH_TOKENS if cpu_worker(device, gpus) else GPU_BATCH_TOKENS
+
+
 def worker_device(device: str, slot: int, gpus: int) -> str:
     """The ``--device`` for worker ``slot``: on CUDA, workers go round-robin over the GPUs.
 

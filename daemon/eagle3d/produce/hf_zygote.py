@@ -24,6 +24,7 @@ import signal
 import socket
 import sys
 
+from eagle3d.produce.hf_layout import cpu_worker
 from eagle3d.remote import hf_protocol as pr
 from eagle3d.remote.hf_zygote import ABANDON
 
@@ -36,8 +37,8 @@ def wanted() -> bool:
 
 
 def forkable(device: str, gpus: int) -> bool:
-    """A worker on this ``--device`` is a CPU worker (one that never initializes CUDA)."""
-    return device == "cpu" or (device == "auto" and gpus == 0)
+    """A worker on this ``--device`` may be forked: it is a CPU worker (never touches CUDA)."""
+    return cpu_worker(device, gpus)
 
 
 class ForkedWorker:
