@@ -146,6 +146,28 @@ def timed(cmd: list[str], server_pid: int) -> tuple[float, float]:
     return wall, client + (s1 - s0)
 
 
+def demo_subset(work: Path, model: Path, convs: int) -> tuple[Path, list[list[int]]]:
+    """The first ``convs`` valid conversations of the demo set, as a dataset file in ``work``
+    and as the daemon's own token ids (what the bare clients send)."""
+    from bench_pipeline import DEMO
+    from eagle3d.ingest.chat import ChatEncoder
+    from eagle3d.ingest.dataset import BadSample, iter_lines, parse_line
+
+    enc = ChatEncoder.from_pretrained(str(model))
+    lines, samples = [], []
+    for i, raw in iter_lines(DEMO):
+        try:
+            samples.append(list(enc.encode(parse_line(i, raw)).input_ids))
+        except BadSample:
+            continue
+        lines.append(raw)
+        if len(samples) == convs:
+            break
+    data = work / "data.jsonl"
+    data.write_bytes(b"\n".join(lines) + b"\n")
+    return data, samples
+
+
 def daemon_span(out: Path) -> float:
     from eagle3proto import events as ev
     from eagle3proto import paths
@@ -177,25 +199,12 @@ def main() -> None:
     a = ap.parse_args()
 
     import sglang_real as sr
-    from bench_pipeline import DEMO, build_model
-    from eagle3d.ingest.chat import ChatEncoder
-    from eagle3d.ingest.dataset import BadSample, iter_lines, parse_line
+    from bench_pipeline import build_model
 
     work = Path(tempfile.mkdtemp(prefix="e3d-bench-sglang-"))
     shm = Path(tempfile.mkdtemp(prefix="e3d-bench-sglang-", dir="/dev/shm"))
     model = build_model(work, a.layers, a.hidden)
-    enc = ChatEncoder.from_pretrained(str(model))
-    lines, samples = [], []
-    for i, raw in iter_lines(DEMO):
-        try:
-            samples.append(list(enc.encode(parse_line(i, raw)).input_ids))
-        except BadSample:
-            continue
-        lines.append(raw)
-        if len(samples) == a.convs:
-            break
-    data = work / "data.jsonl"
-    data.write_bytes(b"\n".join(lines) + b"\n")
+    data, samples = demo_subset(work, model, a.convs)
     ids = work / "ids.json"
     ids.write_text(json.dumps(samples))
     tokens = sum(map(len, samples))
