@@ -132,11 +132,22 @@ def main() -> int:
     p.add_argument("--markdown", action="store_true")
     a = p.parse_args()
     work = Path(a.dir or tempfile.mkdtemp(prefix="bench-short-"))
+    try:
+        rows = rounds(a, work)
+    finally:
+        if not a.dir:  # each round's outputs, ~0.4 GB: a benchmark leaves no disk behind
+            shutil.rmtree(work, ignore_errors=True)
+    report(a, rows)
+    return 0
+
+
+def rounds(a: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
+    """The interleaved rounds (daemon, serial script, and 'other' when asked)."""
     model = build_model(work, a.layers, a.hidden)
+    compare = bool(a.compare_src or a.compare_env or a.compare_arg)
     rows = []
     for i in range(a.rounds):
         # Alternate who goes first: this machine's speed drifts by more than the effect.
-        compare = bool(a.compare_src or a.compare_env or a.compare_arg)
         kinds = ["daemon", "serial", *(["other"] if compare else [])]
         order = kinds if i % 2 == 0 else kinds[::-1]
         got: dict[str, dict[str, Any]] = {}
@@ -155,6 +166,12 @@ def main() -> int:
         if "other" in got:
             rows[-1]["other_ratio"] = got["other"]["samples_s"] / got["serial"]["samples_s"]
         print(json.dumps(rows[-1]), file=sys.stderr)
+    return rows
+
+
+def report(a: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
+    """The rounds as a markdown table (``--markdown``) or one JSON document."""
+    compare = bool(a.compare_src or a.compare_env or a.compare_arg)
     med = statistics.median(r["ratio"] for r in rows)
     if a.markdown:
         other = " | other: ratio (phases)" if compare else ""
@@ -175,7 +192,6 @@ def main() -> int:
             print(f"other ({what}): median {statistics.median(r['other_ratio'] for r in rows):.2f}")
     else:
         print(json.dumps({"median_ratio": med, "rounds": rows}))
-    return 0
 
 
 if __name__ == "__main__":
