@@ -34,6 +34,7 @@ from eagle3d.produce.hf_layout import (
     worker_layout,
 )
 from eagle3d.produce.hf_workers import Launcher, ProducerStartError, Worker, WorkerArgs, to_take
+from eagle3d.produce.hf_zygote import wait_or_kill
 from eagle3d.remote import hf_protocol as pr
 
 
@@ -308,14 +309,8 @@ class HFProducer(Producer):
                     w.proc.stdin.write(pr.frame(pr.Stop()))
                     w.proc.stdin.close()
         for w in self._workers:
-            if w is None:
-                continue
-            try:
-                await asyncio.wait_for(w.proc.wait(), timeout=10)
-            except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    w.proc.kill()
-                await w.proc.wait()
+            if w is not None:
+                await wait_or_kill(w.proc, 10)
         await self._launcher.close()
         for t in list(self._tasks):
             t.cancel()

@@ -23,6 +23,7 @@ import os
 import signal
 import socket
 import sys
+from typing import Protocol
 
 from eagle3d.produce.hf_layout import cpu_worker
 from eagle3d.remote import hf_protocol as pr
@@ -39,6 +40,23 @@ def wanted() -> bool:
 def forkable(device: str, gpus: int) -> bool:
     """A worker on this ``--device`` may be forked: it is a CPU worker (never touches CUDA)."""
     return cpu_worker(device, gpus)
+
+
+class Ending(Protocol):
+    """A process this side can wait for and kill: an exec'd child or a forked worker."""
+
+    async def wait(self) -> int | None: ...
+    def kill(self) -> None: ...
+
+
+async def wait_or_kill(proc: Ending, grace: float) -> None:
+    """``proc`` ended: ``grace`` seconds to leave by itself, then SIGKILLed and reaped."""
+    try:
+        await asyncio.wait_for(proc.wait(), timeout=grace)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
 
 
 class ForkedWorker:
@@ -212,9 +230,4 @@ class Zygote:
     async def close(self) -> None:
         """Let the zygote go (it leaves on the closed socket) and wait for it."""
         self._died()
-        try:
-            await asyncio.wait_for(self.proc.wait(), timeout=10)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.kill()
-            await self.proc.wait()
+        await wait_or_kill(self.proc, 10)
