@@ -534,10 +534,18 @@ def commit_rows(base: Path, model: Path, rounds: int) -> list[tuple[str, str, st
         direct = dd_rate(base, int(c["bytes"]), "oflag=direct")
         buffered = dd_rate(base, int(c["bytes"]))
         per = c["bytes"] / c["samples"]
-        for k, v in (("link", c["mb_s"]), ("write", w["mb_s"]), ("direct", direct), ("buffered", buffered)):  # fmt: skip
+        for k, v in (
+            ("link", c["mb_s"]),
+            ("write", w["mb_s"]),
+            ("direct", direct),
+            ("buffered", buffered),
+        ):
             got[k].append(v)
-        print(f"round {r + 1}: commits {c['mb_s']:.0f} (producer writing: {w['mb_s']:.0f}),"
-              f" dd direct {direct:.0f}, dd fdatasync {buffered:.0f} MB/s", file=sys.stderr)  # fmt: skip
+        print(
+            f"round {r + 1}: commits {c['mb_s']:.0f} (producer writing: {w['mb_s']:.0f}),"
+            f" dd direct {direct:.0f}, dd fdatasync {buffered:.0f} MB/s",
+            file=sys.stderr,
+        )
 
     def med(xs: list[float]) -> float:
         return sorted(xs)[len(xs) // 2]
@@ -613,7 +621,10 @@ def splice_rows(base: Path, model: Path, rounds: int) -> list[tuple[str, str, st
         return sorted(xs)[len(xs) // 2]
 
     rows = []
-    for kind, what in (("link", "dumps that cost nothing"), ("write", "the producer writing each dump")):  # fmt: skip
+    for kind, what in (
+        ("link", "dumps that cost nothing"),
+        ("write", "the producer writing each dump"),
+    ):
         each = [b / a for a, b in zip(got[f"{kind}-1"], got[f"{kind}-0"], strict=True)]
         rows.append(
             (

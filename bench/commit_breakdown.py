@@ -156,7 +156,10 @@ def commits(
         nbytes = sum(ex.map(batch, range(0, len(sources), BATCH)))
     if reaper is not None:
         reaper.close()  # every dump removed: the same work as layer 5's
-        print(f"  reaper: {reaper.removed} removed on its thread, {reaper.inline} by the commit threads (bound)", file=sys.stderr)  # fmt: skip
+        print(
+            f"  reaper: {reaper.removed} removed on its thread, {reaper.inline} by the commit threads (bound)",
+            file=sys.stderr,
+        )
     dt, cpu = time.perf_counter() - t, time.process_time() - cpu0
     if j is not None:
         j.close()
@@ -205,15 +208,36 @@ def main() -> int:
         assert size is not None
         nbytes = size.written.nbytes
         layers: list[tuple[str, Any]] = [
-            ("dd bs=16M oflag=direct, the same bytes (baseline)", lambda: dd(base, a.samples * nbytes)),
-            ("1. one O_DIRECT file per sample, no sync", lambda: raw(base, a.samples, nbytes, a.threads, 1)),
+            (
+                "dd bs=16M oflag=direct, the same bytes (baseline)",
+                lambda: dd(base, a.samples * nbytes),
+            ),
+            (
+                "1. one O_DIRECT file per sample, no sync",
+                lambda: raw(base, a.samples, nbytes, a.threads, 1),
+            ),
             ("2. + fdatasync per file", lambda: raw(base, a.samples, nbytes, a.threads, 2)),
-            ("3. + rename, directory fsync per batch of 8", lambda: raw(base, a.samples, nbytes, a.threads, 3)),
-            ("4. + read the dump into the archive buffer, check, checksum", lambda: commits(base, dumps, t, h, a.threads, False)),
-            ("5. + a durable journal record per sample, the dump's unlink", lambda: commits(base, dumps, t, h, a.threads, True)),
-            ("6. as 5, the dumps removed by the reaper", lambda: commits(base, dumps, t, h, a.threads, True, reap=True)),
-            ("7. as 6, the reaper at the commit threads' priority (nice 0)", lambda: commits(base, dumps, t, h, a.threads, True, reap=True, nice=0)),
-        ]  # fmt: skip
+            (
+                "3. + rename, directory fsync per batch of 8",
+                lambda: raw(base, a.samples, nbytes, a.threads, 3),
+            ),
+            (
+                "4. + read the dump into the archive buffer, check, checksum",
+                lambda: commits(base, dumps, t, h, a.threads, False),
+            ),
+            (
+                "5. + a durable journal record per sample, the dump's unlink",
+                lambda: commits(base, dumps, t, h, a.threads, True),
+            ),
+            (
+                "6. as 5, the dumps removed by the reaper",
+                lambda: commits(base, dumps, t, h, a.threads, True, reap=True),
+            ),
+            (
+                "7. as 6, the reaper at the commit threads' priority (nice 0)",
+                lambda: commits(base, dumps, t, h, a.threads, True, reap=True, nice=0),
+            ),
+        ]
         wanted = {int(x) for x in a.layers.split(",") if x}
         layers = [layers[0], *(layer for k, layer in enumerate(layers[1:], 1) if k in wanted)]
         results: dict[str, list[tuple[float, float]]] = {name: [] for name, _ in layers}

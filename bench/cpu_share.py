@@ -100,10 +100,19 @@ def sampled_run(model: Path, out: Path, workers: int) -> tuple[dict[Key, float],
         return samplers[-1]
 
     d = bp.run_daemon(
-        model, bp.DEMO, out, "--batch-tokens", str(bp.BATCH_TOKENS),
-        "--concurrency", str(bp.WINDOW * workers), "--device", "cpu", "--dtype", "float32",
+        model,
+        bp.DEMO,
+        out,
+        "--batch-tokens",
+        str(bp.BATCH_TOKENS),
+        "--concurrency",
+        str(bp.WINDOW * workers),
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
         watch=watch,
-    )  # fmt: skip
+    )
     snaps = samplers[0].snaps
     a = min(snaps, key=lambda s: abs(s[0] - d["first"]))
     # The last sample before the exit: threads that end with the process leave /proc after.
@@ -142,9 +151,12 @@ def main() -> int:
             bare = bp.bare_forward_split(model, bp.DEMO, workers, threads)
             efficiency.append(tokens / forward / (bare / (workers * threads)))
             ratio.append(tokens / span / bare)
-            print(f"round {k + 1}: forward share {forward / machine:.1%}, tokens per forward "
-                  f"CPU-second {efficiency[-1]:.2f} x the bare loop's, end to end "
-                  f"{ratio[-1]:.2f}", file=sys.stderr)  # fmt: skip
+            print(
+                f"round {k + 1}: forward share {forward / machine:.1%}, tokens per forward "
+                f"CPU-second {efficiency[-1]:.2f} x the bare loop's, end to end "
+                f"{ratio[-1]:.2f}",
+                file=sys.stderr,
+            )
     finally:
         if args.dir is None:
             shutil.rmtree(base, ignore_errors=True)

@@ -97,9 +97,14 @@ class Summary:
     @property
     def ok(self) -> bool:
         return (
-            self.lost + self.duplicated + self.corrupt + self.unaccounted + self.journal_problems
-            + self.burnt + self.signal_stops_unclean
-        ) == 0 and self.final_problems == 0  # fmt: skip
+            self.lost
+            + self.duplicated
+            + self.corrupt
+            + self.unaccounted
+            + self.journal_problems
+            + self.burnt
+            + self.signal_stops_unclean
+        ) == 0 and self.final_problems == 0
 
     def add(self, c: Check, label: str) -> None:
         self.checks += 1
@@ -140,19 +145,39 @@ class CrashLoop:
             return
         self.log(f"building the tiny model in {self.model}")
         subprocess.run(
-            [sys.executable, "-m", "eagle3d", "tiny-model", self.model, "--layers", "4",
-             "--hidden", "64"],
+            [
+                sys.executable,
+                "-m",
+                "eagle3d",
+                "tiny-model",
+                self.model,
+                "--layers",
+                "4",
+                "--hidden",
+                "64",
+            ],
             check=True,
             stdout=subprocess.DEVNULL,
-        )  # fmt: skip
+        )
 
     def start(self, output: str, logpath: str) -> subprocess.Popen[bytes]:
         cmd = [
-            sys.executable, "-m", "eagle3d", "run", "--model", self.model,
-            "--dataset", self.dataset, "--output", output,
-            "--dump-dir", output + ".dumps", "--socket", output + ".sock",
+            sys.executable,
+            "-m",
+            "eagle3d",
+            "run",
+            "--model",
+            self.model,
+            "--dataset",
+            self.dataset,
+            "--output",
+            output,
+            "--dump-dir",
+            output + ".dumps",
+            "--socket",
+            output + ".sock",
             *self.args.daemon_arg,
-        ]  # fmt: skip
+        ]
         env = {k: v for k, v in os.environ.items() if k != "EAGLE3D_FAULT"}
         if self.args.fault:
             env["EAGLE3D_FAULT"] = self.args.fault

@@ -113,23 +113,43 @@ def main() -> int:
         for k in range(a.rounds):
             shutil.rmtree(shm / "hooked", ignore_errors=True)
             (shm / "hooked").mkdir()
-            cmd = [sys.executable, "-m", "eagle3d", "run", "--backend", "sglang",
-                   "--server", server.url, "--model", str(model), "--dataset", str(data),
-                   "--output", str(work / "out"), "--dump-dir", str(shm / "hooked"),
-                   "--concurrency", str(a.concurrency)]  # fmt: skip
+            cmd = [
+                sys.executable,
+                "-m",
+                "eagle3d",
+                "run",
+                "--backend",
+                "sglang",
+                "--server",
+                server.url,
+                "--model",
+                str(model),
+                "--dataset",
+                str(data),
+                "--output",
+                str(work / "out"),
+                "--dump-dir",
+                str(shm / "hooked"),
+                "--concurrency",
+                str(a.concurrency),
+            ]
             runs.append(one_run(cmd, work / "out", pid))
             all_ = runs[-1]["(all)"]
-            print(f"round {k + 1}: daemon {all_['daemon process (rusage)']:.2f} CPU-s, server "
-                  f"{all_['server processes']:.2f} CPU-s, wall {all_['wall']:.1f} s",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"round {k + 1}: daemon {all_['daemon process (rusage)']:.2f} CPU-s, server "
+                f"{all_['server processes']:.2f} CPU-s, wall {all_['wall']:.1f} s",
+                file=sys.stderr,
+            )
     finally:
         if server.proc is not None:
             server.stop()
         shutil.rmtree(shm, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
     med = statistics.median
-    print(f"{a.convs} conversations, {tokens} tokens, concurrency {a.concurrency}, "
-          f"h{a.hidden}/L{a.layers} fp32; CPU-seconds, median of {a.rounds} runs\n")  # fmt: skip
+    print(
+        f"{a.convs} conversations, {tokens} tokens, concurrency {a.concurrency}, "
+        f"h{a.hidden}/L{a.layers} fp32; CPU-seconds, median of {a.rounds} runs\n"
+    )
     print("| phase | thread | CPU-s (timings: wall s) |\n|---|---|---|")
     for phase in PHASES:
         names = sorted({n for r in runs for n in r[phase]}, key=lambda n: -runs[0][phase].get(n, 0))

@@ -209,8 +209,11 @@ def main() -> None:
     ids.write_text(json.dumps(samples))
     tokens = sum(map(len, samples))
     levels = [int(x) for x in (a.concurrencies or str(a.concurrency)).split(",")]
-    print(f"{len(samples)} conversations, {tokens} tokens, concurrency {levels}, "
-          f"model h{a.hidden}/L{a.layers} fp32", flush=True)  # fmt: skip
+    print(
+        f"{len(samples)} conversations, {tokens} tokens, concurrency {levels}, "
+        f"model h{a.hidden}/L{a.layers} fp32",
+        flush=True,
+    )
 
     (shm / "hooked").mkdir()
     (shm / "bare").mkdir()
@@ -242,14 +245,38 @@ def main() -> None:
                 if kind in ("bare", "tagged"):
                     cmd = [*me, kind, server.url, str(ids), "--concurrency", str(c)]
                 elif kind == "serial":
-                    cmd = [*me, "serial", hooked.url, str(ids), "--dump-dir", str(shm / "hooked"),
-                           "--out", str(work / "serial")]  # fmt: skip
+                    cmd = [
+                        *me,
+                        "serial",
+                        hooked.url,
+                        str(ids),
+                        "--dump-dir",
+                        str(shm / "hooked"),
+                        "--out",
+                        str(work / "serial"),
+                    ]
                 else:
                     out = work / "out"
-                    cmd = [sys.executable, "-m", "eagle3d", "run", "--backend", "sglang",
-                           "--server", hooked.url, "--model", str(model), "--dataset", str(data),
-                           "--output", str(out), "--dump-dir", str(shm / "hooked"),
-                           "--concurrency", str(c)]  # fmt: skip
+                    cmd = [
+                        sys.executable,
+                        "-m",
+                        "eagle3d",
+                        "run",
+                        "--backend",
+                        "sglang",
+                        "--server",
+                        hooked.url,
+                        "--model",
+                        str(model),
+                        "--dataset",
+                        str(data),
+                        "--output",
+                        str(out),
+                        "--dump-dir",
+                        str(shm / "hooked"),
+                        "--concurrency",
+                        str(c),
+                    ]
                 wall, cpu = timed(cmd, pid)
                 if kind == "daemon":
                     row[name.replace("daemon", "daemon_span")] = tokens / daemon_span(work / "out")

@@ -175,9 +175,18 @@ def report(a: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
     med = statistics.median(r["ratio"] for r in rows)
     if a.markdown:
         other = " | other: ratio (phases)" if compare else ""
-        print(f"| round (load) | daemon samples/s (wall) | serial samples/s (wall) | ratio | batch fill | daemon: run_started / producer up / first saved / last saved / finished / exit (s){other} |")  # fmt: skip
+        print(
+            f"| round (load) | daemon samples/s (wall) | serial samples/s (wall) | ratio | batch fill | daemon: run_started / producer up / first saved / last saved / finished / exit (s){other} |"
+        )
         print("|---|---|---|---|---|---|" + ("---|" if other else ""))
-        keys = ("to_run_started", "to_producer_up", "to_first_saved", "to_last_saved", "to_finished", "wall")  # fmt: skip
+        keys = (
+            "to_run_started",
+            "to_producer_up",
+            "to_first_saved",
+            "to_last_saved",
+            "to_finished",
+            "wall",
+        )
         for r in rows:
             d, s = r["daemon"], r["serial"]
             phases = " / ".join(f"{d[k]:.1f}" for k in keys)
@@ -185,7 +194,9 @@ def report(a: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
             if "other" in r:
                 o = " / ".join(f"{r['other'][k]:.1f}" for k in keys)
                 more = f" {r['other_ratio']:.2f}, fill {r['other']['batch_fill']:.2f} ({o}) |"
-            print(f"| {r['round']} ({r['load']:.1f}) | {d['samples_s']:.2f} ({d['wall']:.1f} s) | {s['samples_s']:.2f} ({s['wall']:.1f} s) | {r['ratio']:.2f} | {d['batch_fill']:.2f} | {phases} |{more}")  # fmt: skip
+            print(
+                f"| {r['round']} ({r['load']:.1f}) | {d['samples_s']:.2f} ({d['wall']:.1f} s) | {s['samples_s']:.2f} ({s['wall']:.1f} s) | {r['ratio']:.2f} | {d['batch_fill']:.2f} | {phases} |{more}"
+            )
         print(f"\nmedian ratio {med:.2f} over {len(rows)} rounds")
         if other:
             what = " ".join([a.compare_src, *a.compare_env, *a.compare_arg]).strip()

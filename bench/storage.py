@@ -334,7 +334,7 @@ def part_plan_time(model: Path, base: Path, rounds: int) -> list[str]:
         f"| reading and parsing the 100,000 lines in one process (baseline) | {med['read']:.1f} | 1.00 |",
         f"| `eagle3d plan --json` (default: a sample of 20,000 rows tokenized) | {med['default']:.1f} | {med['default'] / med['read']:.1f} |",
         f"| `eagle3d plan --json --sample 0` (every row tokenized) | {med['all']:.1f} | {med['all'] / med['read']:.1f} |",
-    ]  # fmt: skip
+    ]
 
 
 def main() -> int:

@@ -89,8 +89,14 @@ def main() -> int:
                     dump_bytes = sum(os.path.getsize(q) for q in paths)
                     c0, w0 = time.process_time(), time.perf_counter()
                     for k in range(0, a.samples, 8):
-                        batch = [(k + j, ids_list, mask, paths[k + j]) for j in range(8) if k + j < a.samples]  # fmt: skip
-                        for (_, _, _, q), res in zip(batch, c.commit_files(batch, h, LAYERS), strict=True):  # fmt: skip
+                        batch = [
+                            (k + j, ids_list, mask, paths[k + j])
+                            for j in range(8)
+                            if k + j < a.samples
+                        ]
+                        for (_, _, _, q), res in zip(
+                            batch, c.commit_files(batch, h, LAYERS), strict=True
+                        ):
                             assert isinstance(res, Committed), res
                             os.unlink(q)
                     com = time.process_time() - c0
@@ -116,7 +122,9 @@ def main() -> int:
             for v in VARIANTS:
                 m = med[v]
                 both = m["producer"] + m["commit"]
-                rounds = [(p + c) / bb for p, c in zip(cpu[v]["producer"], cpu[v]["commit"], strict=True)]  # fmt: skip
+                rounds = [
+                    (p + c) / bb for p, c in zip(cpu[v]["producer"], cpu[v]["commit"], strict=True)
+                ]
                 print(
                     f"| {v} | {m['producer']:.3f} ({m['producer'] / b['producer']:.2f}) "
                     f"| {m['commit']:.3f} ({m['commit'] / b['commit']:.2f}) "

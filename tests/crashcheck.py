@@ -163,9 +163,13 @@ class Check:
     @property
     def bad(self) -> list[str]:
         return (
-            self.lost + self.duplicated + self.corrupt + self.unaccounted + self.journal
+            self.lost
+            + self.duplicated
+            + self.corrupt
+            + self.unaccounted
+            + self.journal
             + self.resent
-        )  # fmt: skip
+        )
 
 
 def check_output(output: str) -> Check:

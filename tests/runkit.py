@@ -59,11 +59,23 @@ FAILED_FRACTION = ("--max-failed-fraction", "0.5")
 
 def run_args(model: Path, data: Path, out: Path, *extra: str) -> list[str]:
     return [
-        sys.executable, "-m", "eagle3d", "run",
-        "--model", str(model), "--dataset", str(data), "--output", str(out),
-        "--dump-dir", f"{out}.dumps", "--socket", f"{out}.sock", *FAILED_FRACTION,
+        sys.executable,
+        "-m",
+        "eagle3d",
+        "run",
+        "--model",
+        str(model),
+        "--dataset",
+        str(data),
+        "--output",
+        str(out),
+        "--dump-dir",
+        f"{out}.dumps",
+        "--socket",
+        f"{out}.sock",
+        *FAILED_FRACTION,
         *extra,
-    ]  # fmt: skip
+    ]
 
 
 def run(

@@ -189,10 +189,20 @@ class Server:
 
 def sglang_args(dump_dir: Path, model: Path) -> list[str]:
     out = subprocess.run(
-        [sys.executable, "-m", "eagle3d", "sglang-args", "--dump-dir", str(dump_dir),
-         "--model-path", str(model)],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "eagle3d",
+            "sglang-args",
+            "--dump-dir",
+            str(dump_dir),
+            "--model-path",
+            str(model),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return shlex.split(out)
 
 

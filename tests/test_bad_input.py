@@ -73,9 +73,16 @@ def test_samples_over_max_length(overflow: str, tiny_model_dir: Path, tmp_path: 
     valid, malformed = runkit.dataset(data, 8, malformed=False)
     limit = 40
     r = runkit.run(
-        tiny_model_dir, data, out, "--max-length", str(limit), "--on-overflow", overflow,
-        "--max-failed-fraction", "1",  # most demo samples are longer than the limit
-    )  # fmt: skip
+        tiny_model_dir,
+        data,
+        out,
+        "--max-length",
+        str(limit),
+        "--on-overflow",
+        overflow,
+        "--max-failed-fraction",
+        "1",  # most demo samples are longer than the limit
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     saved = {s["idx"]: s for s in runkit.records(out, "sample_saved")}
     failed = {f["idx"]: f for f in runkit.records(out, "sample_failed")}
@@ -119,9 +126,13 @@ def test_missing_or_unreadable_model_exits_3(tiny_model_dir: Path, tmp_path: Pat
     r = _run_quick("--model", str(empty), "--dataset", str(data), "--output", str(tmp_path / "o"))
     assert r.returncode == 3 and "config.json" in r.stderr and str(empty) in r.stderr, r.stderr
     r = _run_quick(
-        "--model", str(tiny_model_dir), "--dataset", str(tmp_path / "nope.jsonl"),
-        "--output", str(tmp_path / "o"),
-    )  # fmt: skip
+        "--model",
+        str(tiny_model_dir),
+        "--dataset",
+        str(tmp_path / "nope.jsonl"),
+        "--output",
+        str(tmp_path / "o"),
+    )
     assert r.returncode == 3 and "nope.jsonl" in r.stderr, r.stderr
 
 
@@ -170,9 +181,15 @@ def test_bad_config_exits_2_naming_the_key(
     job = tmp_path / "job.toml"
     job.write_text(toml)
     r = _run_quick(
-        "--config", str(job), "--model", str(tiny_model_dir), "--dataset", str(data),
-        "--output", str(tmp_path / "o"),
-    )  # fmt: skip
+        "--config",
+        str(job),
+        "--model",
+        str(tiny_model_dir),
+        "--dataset",
+        str(data),
+        "--output",
+        str(tmp_path / "o"),
+    )
     assert r.returncode == 2, (r.returncode, r.stderr)
     assert needle in r.stderr, r.stderr
     assert not (tmp_path / "o").exists(), "a bad config must not touch the output"
@@ -202,9 +219,14 @@ def test_second_daemon_on_the_same_output_exits_5(tiny_model_dir: Path, tmp_path
     # One sample per batch and a rest after each: the first daemon is still running when
     # the second one starts, however slow the machine is to start a second interpreter.
     first = runkit.start(
-        tiny_model_dir, data, out, "--batch-tokens", "1", fault="worker_slow:1000",
+        tiny_model_dir,
+        data,
+        out,
+        "--batch-tokens",
+        "1",
+        fault="worker_slow:1000",
         log=tmp_path / "first.log",
-    )  # fmt: skip
+    )
     try:
         # (SIGTERM before the producer is up kills the daemon outright: see docs/reliability.md)
         runkit.wait_for(

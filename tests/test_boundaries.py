@@ -13,15 +13,12 @@ import ast
 import sys
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = {
     "eagle3d": ROOT / "daemon" / "eagle3d",
     "eagle3top": ROOT / "tui" / "eagle3top",
     "eagle3proto": ROOT / "shared" / "eagle3proto",
 }
-MAX_LINES = 400
 
 
 def _module_name(pkg: str, path: Path) -> str:
@@ -260,14 +257,26 @@ def test_heavy_imports_only_where_needed() -> None:
                 top.add(node.module.split(".")[0])
         if name.startswith(("eagle3proto", "eagle3d.core", "eagle3d.run", "eagle3d.ingest")):
             assert not top & heavy, f"{name} imports {top & heavy} at module level"
-        if name.startswith("eagle3top") and name not in ("eagle3top.app", "eagle3top.panels", "eagle3top.hostpanels"):  # fmt: skip
+        if name.startswith("eagle3top") and name not in (
+            "eagle3top.app",
+            "eagle3top.panels",
+            "eagle3top.hostpanels",
+        ):
             assert "textual" not in top, f"{name} imports textual at module level"
 
 
-@pytest.mark.parametrize("name", sorted(MODULES))
-def test_no_module_over_400_lines(name: str) -> None:
-    lines = len(MODULES[name].read_text(encoding="utf-8").splitlines())
-    assert lines <= MAX_LINES, f"{MODULES[name].relative_to(ROOT)}: {lines} lines"
+def test_no_formatter_exemptions() -> None:
+    # Modules are split by responsibility, not squeezed under a line count: the formatter's
+    # layout holds everywhere, tests and benchmarks included.
+    marker = "fmt: " + "skip"
+    found = [
+        f"{path.relative_to(ROOT)}:{n}"
+        for top in ("daemon", "tui", "shared", "tests", "bench", "scripts")
+        for path in sorted((ROOT / top).rglob("*.py"))
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if marker in line
+    ]
+    assert not found, found
 
 
 def test_tests_never_import_bench() -> None:
@@ -279,7 +288,9 @@ def test_tests_never_import_bench() -> None:
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
-                assert not any(a.name.split(".")[0] in ("bench", "crashloop") for a in node.names), path  # fmt: skip
+                assert not any(
+                    a.name.split(".")[0] in ("bench", "crashloop") for a in node.names
+                ), path
             elif isinstance(node, ast.ImportFrom):
                 assert (node.module or "").split(".")[0] not in ("bench", "crashloop"), path
         src = path.read_text(encoding="utf-8")

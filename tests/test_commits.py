@@ -47,7 +47,9 @@ class Setup:
         aux = torch.randn(T, len(LAYERS) * H)
         if nan:
             aux[1, 2] = float("nan")
-        path = write_dump(str(self.dumps), f"r-{idx}", torch.arange(T), aux, torch.randn(T, H), LAYERS)  # fmt: skip
+        path = write_dump(
+            str(self.dumps), f"r-{idx}", torch.arange(T), aux, torch.randn(T, H), LAYERS
+        )
         p = Sample(idx, list(range(T)), [1] * T, rid=f"r-{idx}")
         p.dump_path, p.dump_bytes = path, os.path.getsize(path)
         return p
@@ -83,7 +85,9 @@ def test_a_dump_is_removed_once_and_only_after_its_record_is_durable(
 
     monkeypatch.setattr(rp, "_unlink", spy)
     reaper = Reaper()
-    results = commit_batch([*batch, bad], setup.committer, setup.recorder, setup.identity, H, LAYERS, reaper)  # fmt: skip
+    results = commit_batch(
+        [*batch, bad], setup.committer, setup.recorder, setup.identity, H, LAYERS, reaper
+    )
     reaper.close()
     assert [type(r) for r in results] == [oc.Saved] * 5 + [oc.BadDump]
     by_path = {p.dump_path: p.idx for p in batch}
@@ -98,7 +102,9 @@ def test_a_batch_the_journal_refuses_keeps_its_dumps(setup: Setup) -> None:
     batch = [setup.sample(i) for i in range(3)]
     setup.journal.close()  # the journal now refuses every record
     reaper = Reaper()
-    results = commit_batch(batch, setup.committer, setup.recorder, setup.identity, H, LAYERS, reaper)  # fmt: skip
+    results = commit_batch(
+        batch, setup.committer, setup.recorder, setup.identity, H, LAYERS, reaper
+    )
     reaper.close()
     assert all(isinstance(r, oc.NotRecorded) for r in results), results
     assert setup.faults, "the refusal is reported"

@@ -186,18 +186,37 @@ def test_short_crash_loop_with_group_signals(tiny_model_dir: Path, tmp_path: Pat
     print(f"crashloop seed {seed}")
     r = subprocess.run(
         [
-            sys.executable, str(REPO / "bench" / "crashloop.py"),
-            "--kills", "6", "--seed", str(seed), "--samples", "60",
-            "--signal-fraction", "0.7", "--startup-fraction", "0.2", "--max-delay", "3",
+            sys.executable,
+            str(REPO / "bench" / "crashloop.py"),
+            "--kills",
+            "6",
+            "--seed",
+            str(seed),
+            "--samples",
+            "60",
+            "--signal-fraction",
+            "0.7",
+            "--startup-fraction",
+            "0.2",
+            "--max-delay",
+            "3",
             # Batches of about one sample and a rest after each: work is in flight when
             # the signal comes, whatever the machine's speed.
-            "--daemon-arg=--batch-tokens", "--daemon-arg=256", "--fault", "worker_slow:100",
-            "--model", str(tiny_model_dir), "--workdir", str(tmp_path), "--json", "--quiet",
+            "--daemon-arg=--batch-tokens",
+            "--daemon-arg=256",
+            "--fault",
+            "worker_slow:100",
+            "--model",
+            str(tiny_model_dir),
+            "--workdir",
+            str(tmp_path),
+            "--json",
+            "--quiet",
         ],
         capture_output=True,
         text=True,
         timeout=600,
-    )  # fmt: skip
+    )
     out = r.stdout
     summary = json.loads(out[out.index("{") :])
     assert summary["signals_int"] + summary["signals_term"] >= 1, summary

@@ -158,9 +158,14 @@ def test_daemon_pauses_on_a_full_disk_and_resumes_when_it_grows(
     valid, malformed = runkit.dataset(data, 30)  # ~2.5 MB of samples for a 1 MiB filesystem
     # --no-space-check: the job does not fit on purpose (eagle3d plan would refuse it).
     proc = runkit.start(
-        tiny_model_dir, data, out, "--dump-dir", str(tmp_path / "dumps"), "--no-space-check",
+        tiny_model_dir,
+        data,
+        out,
+        "--dump-dir",
+        str(tmp_path / "dumps"),
+        "--no-space-check",
         log=tmp_path / "log",
-    )  # fmt: skip
+    )
     try:
         runkit.wait_for(
             lambda: any(r.get("state") == "paused" for r in runkit.records(out, "run_state")),
@@ -278,9 +283,15 @@ def test_full_before_the_first_commit_is_still_journaled(
     # disk fills while the workers load (slowed by the fault): the feeder has samples ready by
     # then, and the first commit would come within a second of the producer being up.
     proc = runkit.start(
-        tiny_model_dir, data, out, "--dump-dir", str(tmp_path / "dumps"), "--no-space-check",
-        log=log, fault="worker_slow_load:4000",
-    )  # fmt: skip
+        tiny_model_dir,
+        data,
+        out,
+        "--dump-dir",
+        str(tmp_path / "dumps"),
+        "--no-space-check",
+        log=log,
+        fault="worker_slow_load:4000",
+    )
     try:
         runkit.wait_for(lambda: b"loading model" in log.read_bytes(), 90, "the load")
         filler = _fill(fs)

@@ -54,8 +54,13 @@ def extracted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     data.write_text("".join(DEMO_DATA.read_text().splitlines(keepends=True)[:40]))
     out = root / "out"
     run = ("run", "--model", str(model), "--dataset", str(data), "--output", str(out))
-    subprocess.run([str(ROOT / ".venv" / "bin" / "eagle3d"), *run, "--store-dtype", "fp8"],
-                   env=ENV, check=True, capture_output=True, timeout=600)  # fmt: skip
+    subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "eagle3d"), *run, "--store-dtype", "fp8"],
+        env=ENV,
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
     paths = {"model": model, "out": out}
     for fmt in ("specforge", "speculators", "modelopt"):
         rep = eagle3d("export", "-o", str(out), "--to", str(root / fmt), "--format", fmt, "--json")

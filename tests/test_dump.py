@@ -63,8 +63,11 @@ def test_a_dump_gone_before_it_is_read_is_told_from_a_bad_one(tmp_path: Path) ->
     plain BadDump."""
     with pytest.raises(DumpVanished, match=r"gone\.e3dump vanished before it was read"):
         read_dump(str(tmp_path / "gone.e3dump"))
-    path = Path(write_dump(str(tmp_path), "cut", torch.arange(4), torch.zeros(4, 6),
-                           torch.zeros(4, 2), [1, 2, 3]))  # fmt: skip
+    path = Path(
+        write_dump(
+            str(tmp_path), "cut", torch.arange(4), torch.zeros(4, 6), torch.zeros(4, 2), [1, 2, 3]
+        )
+    )
     path.write_bytes(path.read_bytes()[:-5])
     with pytest.raises(BadDump) as e:
         read_dump(str(path))

@@ -32,10 +32,24 @@ def _spawn(model: Path, dumps: Path, fault: str = "", **extra: str) -> subproces
     if fault:
         env["EAGLE3D_FAULT"] = fault
     return subprocess.Popen(
-        [sys.executable, "-m", "eagle3d.remote.hf_worker", "--model", str(model),
-         "--dump-dir", str(dumps), "--batch-tokens", "256", "--aux-layers", "1,2,3"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "eagle3d.remote.hf_worker",
+            "--model",
+            str(model),
+            "--dump-dir",
+            str(dumps),
+            "--batch-tokens",
+            "256",
+            "--aux-layers",
+            "1,2,3",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
 
 
 def _messages(proc: subprocess.Popen[bytes]) -> Iterator[dict[str, Any]]:
@@ -48,8 +62,10 @@ def _messages(proc: subprocess.Popen[bytes]) -> Iterator[dict[str, Any]]:
 
 def _request(proc: subprocess.Popen[bytes], n: int) -> None:
     assert proc.stdin is not None
-    reqs = [{"op": "req", "rid": f"r{i}", "ids": [(7 * i + k) % 900 + 1 for k in range(60)]}
-            for i in range(n)]  # fmt: skip
+    reqs = [
+        {"op": "req", "rid": f"r{i}", "ids": [(7 * i + k) % 900 + 1 for k in range(60)]}
+        for i in range(n)
+    ]
     proc.stdin.write(b"".join(encode_frame(_enc.encode(r)) for r in reqs))
     proc.stdin.flush()
 

@@ -173,7 +173,9 @@ def test_a_failed_import_is_reported_like_a_load_failure(
 
     async def body() -> None:
         p, events = _producer(tiny_model_dir, tmp_path), _Events()
-        with pytest.raises(ProducerStartError, match="could not import: ImportError: transformers is broken"):  # fmt: skip
+        with pytest.raises(
+            ProducerStartError, match="could not import: ImportError: transformers is broken"
+        ):
             await p.start(events)
         await p.stop()
         assert psutil.Process().children(recursive=True) == []

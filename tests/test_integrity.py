@@ -83,13 +83,31 @@ class Terminal:
 
     def __init__(self, command: str, cwd: Path) -> None:
         self.server = f"eagle3d-integrity-{os.getpid()}-{time.monotonic_ns()}"
-        self._tmux("new-session", "-d", "-s", "main", "-x", "200", "-y", "50", "-c", str(cwd),
-                   "bash", "-c", command)  # fmt: skip
+        self._tmux(
+            "new-session",
+            "-d",
+            "-s",
+            "main",
+            "-x",
+            "200",
+            "-y",
+            "50",
+            "-c",
+            str(cwd),
+            "bash",
+            "-c",
+            command,
+        )
 
     def _tmux(self, *args: str) -> str:
         env = {k: v for k, v in os.environ.items() if k != "TMUX"}
-        p = subprocess.run(["tmux", "-L", self.server, "-f", "/dev/null", *args],
-                           capture_output=True, text=True, env=env, check=False)  # fmt: skip
+        p = subprocess.run(
+            ["tmux", "-L", self.server, "-f", "/dev/null", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=False,
+        )
         return p.stdout
 
     def keys(self, *keys: str) -> None:
@@ -238,9 +256,16 @@ def test_a_full_dump_area_pauses_and_never_burns_samples(
     data, out, log = tmp_path / "data.jsonl", tmp_path / "out", tmp_path / "log"
     valid, malformed = runkit.dataset(data, 120)
     proc = runkit.start(
-        tiny_model_dir, data, out, "--dump-dir", str(dumps), "--batch-tokens", "512",
-        fault="worker_slow:150", log=log,
-    )  # fmt: skip
+        tiny_model_dir,
+        data,
+        out,
+        "--dump-dir",
+        str(dumps),
+        "--batch-tokens",
+        "512",
+        fault="worker_slow:150",
+        log=log,
+    )
     with runkit.reaped(proc):
         runkit.wait_for(lambda: len(runkit.records(out, "sample_saved")) >= 5, 120, "5 saves")
         filler = _fill(dumps)
@@ -282,9 +307,12 @@ def test_an_unwritable_output_pauses_and_resumes(slow_model_dir: Path, tmp_path:
     args = [*runkit.run_args(slow_model_dir, data, out), *SMALL]
     with open(log, "wb") as logf:
         proc = subprocess.Popen(
-            _without_dac_override(args), stdout=logf, stderr=subprocess.STDOUT,
-            env=runkit.env_without_faults(), start_new_session=True,
-        )  # fmt: skip
+            _without_dac_override(args),
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            env=runkit.env_without_faults(),
+            start_new_session=True,
+        )
     rows = out / paths.rows_dir(0)
     with runkit.reaped(proc):
         runkit.wait_for(lambda: runkit.records(out, "sample_saved"), 120, "a saved sample")
@@ -374,8 +402,9 @@ def test_a_different_shard_count_is_refused_live_or_finished(
 ) -> None:
     data, out, log = tmp_path / "data.jsonl", tmp_path / "out", tmp_path / "log"
     valid, _ = runkit.dataset(data, 40, malformed=False)
-    first = runkit.start(tiny_model_dir, data, out, "--batch-tokens", "256",
-                         fault="worker_slow:200", log=log)  # fmt: skip
+    first = runkit.start(
+        tiny_model_dir, data, out, "--batch-tokens", "256", fault="worker_slow:200", log=log
+    )
     with runkit.reaped(first):
         runkit.wait_for(lambda: b" up; window " in log.read_bytes(), 120, "the first daemon")
         before = {p.name for p in (out / ".eagle3d" / "journal").iterdir()}
@@ -518,8 +547,12 @@ def test_verify_says_ok_only_when_it_exits_0(tmp_path: Path) -> None:
     empty.mkdir()
     for out in (tmp_path / "missing", empty):
         for flag in ("--output", "-o"):
-            r = subprocess.run([sys.executable, "-m", "eagle3d", "verify", flag, str(out)],
-                               capture_output=True, text=True, timeout=60)  # fmt: skip
+            r = subprocess.run(
+                [sys.executable, "-m", "eagle3d", "verify", flag, str(out)],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             assert r.returncode == 2, r
             assert "OK" not in r.stdout.split(), r.stdout
             assert "NOTHING TO VERIFY" in r.stdout
@@ -537,8 +570,12 @@ def test_verify_repair_then_run_redoes_exactly_the_damaged(
     flipped.write_bytes(bytes(b))
     deleted.unlink()
     assert runkit.verify(out)["_rc"] == 1
-    r = subprocess.run([sys.executable, "-m", "eagle3d", "verify", "-o", str(out), "--repair"],
-                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-m", "eagle3d", "verify", "-o", str(out), "--repair"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 1 and "REPAIRED" in r.stdout and "OK" not in r.stdout.split(), r.stdout
     kept = list((out / ".eagle3d" / "damaged").rglob("data_3.ckpt.*"))
     assert len(kept) == 1 and kept[0].read_bytes() == bytes(b), "moved aside, never deleted"

@@ -48,9 +48,14 @@ class Driver:
         rules.setdefault("dump_dir", "/dumps")
         self.tokens = tokens
         self.ledger = Ledger(
-            bytearray(n), range(n), n, Rules(**rules), rid_prefix=PREFIX, session=1,
+            bytearray(n),
+            range(n),
+            n,
+            Rules(**rules),
+            rid_prefix=PREFIX,
+            session=1,
             bytes_per_token=100.0,
-        )  # fmt: skip
+        )
         self.now = 0.0
         self.last: list[fx.Effect] = []
         self.records: list[ev.Event] = []
@@ -81,7 +86,9 @@ class Driver:
             out = led.dumped(rid, f"/dumps/{rid}.e3dump", size, now)
         elif op == "save":
             nbytes = int(args[1]) if len(args) > 1 else 2000
-            out = led.committed(self.sample(int(args[0])), oc.Saved("rows/x", nbytes, "crc32:0"), now)  # fmt: skip
+            out = led.committed(
+                self.sample(int(args[0])), oc.Saved("rows/x", nbytes, "crc32:0"), now
+            )
         elif op == "commit":
             out = led.committed(self.sample(int(args[0])), self.outcome(args[1:]), now)
         elif op == "fail":
@@ -452,7 +459,13 @@ def test_pauses(settings: dict[str, Any], steps: list[tuple[str, str]]) -> None:
 
 
 def test_probes_wait_their_interval_unless_forced() -> None:
-    d = play([("feed 0", "send 0"), ("dump 0", "commit 0"), ("commit 0 WriteRefused 28", "paused output")])  # fmt: skip
+    d = play(
+        [
+            ("feed 0", "send 0"),
+            ("dump 0", "commit 0"),
+            ("commit 0 WriteRefused 28", "paused output"),
+        ]
+    )
     led = d.ledger
     assert led.probes_due(0.5) == []  # probed every 2 s
     (probe,) = led.probes_due(2.5)
@@ -587,7 +600,9 @@ def test_records_and_effects_in_full() -> None:
     assert (submit.request.input_ids, submit.request.sent_at) == ([5, 6, 7], 2.0)
     seen, dumped, commit = led.dumped(f"{PREFIX}1-1-1", "/dumps/a.e3dump", 600, 3.0)
     assert seen == fx.SeenDump(f"{PREFIX}1-1-1")
-    assert isinstance(dumped, fx.Record) and dumped.event == ev.SampleDumped(idx=1, rid=f"{PREFIX}1-1-1", bytes=600)  # fmt: skip
+    assert isinstance(dumped, fx.Record) and dumped.event == ev.SampleDumped(
+        idx=1, rid=f"{PREFIX}1-1-1", bytes=600
+    )
     assert isinstance(commit, fx.Commit) and commit.sample.dump_path == "/dumps/a.e3dump"
     assert led.bytes_per_token == 200.0  # the first dump replaces the estimate
     assert led.committed(commit.sample, oc.Saved("r", 900, "c"), 4.0) == []
@@ -599,7 +614,12 @@ def test_a_failed_attempt_is_logged_with_its_reason() -> None:
     d.run("feed 0")
     d.run("fail 0 BadDump retry NaN in hidden_state")
     logs = [(e.level, e.message) for e in d.last if isinstance(e, fx.Log)]
-    assert logs == [(logging.WARNING, "sample 0 failed for good after 1 attempt(s): BadDump: NaN in hidden_state")]  # fmt: skip
+    assert logs == [
+        (
+            logging.WARNING,
+            "sample 0 failed for good after 1 attempt(s): BadDump: NaN in hidden_state",
+        )
+    ]
     assert d.ledger.status[0] == FAILED and d.ledger.last_progress == 0.0
 
 

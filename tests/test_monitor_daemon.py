@@ -128,9 +128,14 @@ async def test_a_paused_run_shows_paused_its_reason_and_a_frozen_eta(
     valid, malformed = runkit.dataset(data, 30)  # ~2.5 MB of samples for a 1 MiB filesystem
     # --no-space-check: the job does not fit on purpose (eagle3d plan would refuse it).
     proc = runkit.start(
-        tiny_model_dir, data, out, "--dump-dir", str(tmp_path / "dumps"), "--no-space-check",
+        tiny_model_dir,
+        data,
+        out,
+        "--dump-dir",
+        str(tmp_path / "dumps"),
+        "--no-space-check",
         log=tmp_path / "log",
-    )  # fmt: skip
+    )
     with runkit.reaped(proc):
         app = app_for(out)
         async with app.run_test(size=(120, 40)) as pilot:

@@ -272,9 +272,15 @@ def test_the_daemons_threads_carry_their_roles_for_top_and_ps(
     data = write_jsonl(tmp_path / "d.jsonl", conversations(20))
     out = tmp_path / "out"
     proc = start(
-        tiny_model_dir, data, out, "--batch-tokens", "256", "--concurrency", "2",
+        tiny_model_dir,
+        data,
+        out,
+        "--batch-tokens",
+        "256",
+        "--concurrency",
+        "2",
         env={"EAGLE3D_FAULT": "worker_slow:1000"},
-    )  # fmt: skip
+    )
     want = {
         "feeder",
         "journal-flush",

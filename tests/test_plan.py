@@ -106,8 +106,9 @@ def test_a_sampled_plan_states_a_bound_that_holds(tiny_model_dir: Path, tmp_path
     """Of 40 seeds, the 95 % bound of a 12-row sample of 60 rows holds the exact total in at
     least 34 (a 95 % bound misses 1 in 20)."""
     data = write_jsonl(tmp_path / "d.jsonl", [*conversations(60, seed=9), "[1, 2]"])
-    cfg = config.build({}, {"model": str(tiny_model_dir), "dataset": str(data),
-                            "output": str(tmp_path / "o")})  # fmt: skip
+    cfg = config.build(
+        {}, {"model": str(tiny_model_dir), "dataset": str(data), "output": str(tmp_path / "o")}
+    )
     exact = plan.make_plan(cfg, sample=0)
     truth = exact.shards[0].estimate.bytes
     assert not exact.sampled and exact.bound == 0 and exact.tokenized == 61

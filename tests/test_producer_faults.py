@@ -70,16 +70,25 @@ def test_hung_worker_is_killed_and_its_samples_resent(tiny_model_dir: Path, tmp_
     data, out = tmp_path / "data.jsonl", tmp_path / "out"
     valid, malformed = runkit.dataset(data, 20)
     r = runkit.run(
-        tiny_model_dir, data, out,
+        tiny_model_dir,
+        data,
+        out,
         # A small window keeps a healthy request's wait (queueing included) far below the
         # timeout even on a loaded machine; only the hang should trip it.
-        "--request-timeout", "5", "--concurrency", "4", "--batch-tokens", "1024",
-        "--max-attempts", "4",
+        "--request-timeout",
+        "5",
+        "--concurrency",
+        "4",
+        "--batch-tokens",
+        "1024",
+        "--max-attempts",
+        "4",
         # One worker: with two, the other takes over the hung one's queue ("give", answered
         # by its reader thread) and the run can end before the hang timeout.
-        "--workers", "1",
+        "--workers",
+        "1",
         fault=f"worker_hang:1@{tmp_path / 'hung-once'}",
-    )  # fmt: skip
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert (tmp_path / "hung-once").exists()  # the fault fired
     msgs = " ".join(str(f.get("message")) for f in _failures(out))
@@ -97,11 +106,18 @@ def test_a_worker_that_always_hangs_ends_in_recorded_failures(
     data, out = tmp_path / "data.jsonl", tmp_path / "out"
     valid, _ = runkit.dataset(data, 12, malformed=False)
     r = runkit.run(
-        tiny_model_dir, data, out,
-        "--request-timeout", "2", "--batch-tokens", "256", "--max-attempts", "2",
+        tiny_model_dir,
+        data,
+        out,
+        "--request-timeout",
+        "2",
+        "--batch-tokens",
+        "256",
+        "--max-attempts",
+        "2",
         fault="worker_hang:1",
         timeout=150,
-    )  # fmt: skip
+    )
     c = runkit.check(out)
     assert not c.bad, c.bad
     assert c.saved | c.failed == valid  # every sample ends one way or the other

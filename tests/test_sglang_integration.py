@@ -149,10 +149,19 @@ def test_daemon_against_a_restarting_sglang_server(tiny_model_dir: Path, tmp_pat
         # --request-timeout above the server's down time: the daemon (runner.py) still counts
         # its own timeouts while the producer reports the server down
         r = runkit.run(
-            tiny_model_dir, data, out,
-            "--backend", "sglang", "--server", sup.url, "--concurrency", "6", "--request-timeout", "60",
+            tiny_model_dir,
+            data,
+            out,
+            "--backend",
+            "sglang",
+            "--server",
+            sup.url,
+            "--concurrency",
+            "6",
+            "--request-timeout",
+            "60",
             timeout=240,
-        )  # fmt: skip
+        )
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
         assert sup.exits == [17, 17] and sup.starts == 3  # it really crashed twice mid-run
     finally:

@@ -216,9 +216,12 @@ def test_serve_restarts_a_server_that_died_after_it_was_ready_until_stopped(
     caplog.set_level(logging.INFO, "eagle3d.sglang")
     try:
         rc = sv.supervise(
-            cmd, dict(os.environ), f"http://127.0.0.1:{port}", poll=0.05,
+            cmd,
+            dict(os.environ),
+            f"http://127.0.0.1:{port}",
+            poll=0.05,
             policy=sv.RestartPolicy(base=0.1, cap=0.2),
-        )  # fmt: skip
+        )
     finally:
         stopper.cancel()
     assert len(lives.read_text().split()) >= 3, caplog.text

@@ -432,9 +432,12 @@ async def test_refresh_reads_now_and_never_raises(tmp_path: Path) -> None:
         return await srv(req)
 
     p = SGLangProducer(
-        "http://x", dump_dir=str(tmp_path), aux_layers=None, poll_interval=3600.0,
+        "http://x",
+        dump_dir=str(tmp_path),
+        aux_layers=None,
+        poll_interval=3600.0,
         transport=httpx.MockTransport(handler),
-    )  # fmt: skip
+    )
     ev = Events()
     await p.start(ev)
     assert "prompt_tokens_total" not in p.health().detail  # the poller has not run yet
@@ -465,11 +468,28 @@ def test_parse_metrics_and_rate() -> None:
 def test_run_refuses_a_server_url_that_does_not_parse_before_starting(tmp_path: Path) -> None:
     out = tmp_path / "out"
     r = subprocess.run(
-        [sys.executable, "-m", "eagle3d", "run", "--backend", "sglang", "--server", "htp:/bogus",
-         "--model", str(tmp_path), "--dataset", str(tmp_path / "d.jsonl"), "--output", str(out),
-         "--dump-dir", str(tmp_path / "dumps")],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "eagle3d",
+            "run",
+            "--backend",
+            "sglang",
+            "--server",
+            "htp:/bogus",
+            "--model",
+            str(tmp_path),
+            "--dataset",
+            str(tmp_path / "d.jsonl"),
+            "--output",
+            str(out),
+            "--dump-dir",
+            str(tmp_path / "dumps"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2, r.stderr
     assert "server: 'htp:/bogus': want an http:// or https:// URL" in r.stderr
     assert not out.exists()  # nothing started

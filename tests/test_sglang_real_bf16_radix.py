@@ -45,9 +45,13 @@ def model10(work: Path) -> Path:
 def server(model10: Path, work: Path) -> Iterator[sr.Server]:
     (work / "dumps").mkdir()
     s = sr.Server(
-        model10, work / "dumps", work, dtype="bfloat16", bare=True,
+        model10,
+        work / "dumps",
+        work,
+        dtype="bfloat16",
+        bare=True,
         drop_args=("--disable-radix-cache",),
-    )  # fmt: skip
+    )
     s.start()
     yield s
     s.stop()
@@ -64,9 +68,19 @@ def test_bf16_extraction_is_within_bf16_tolerance_and_never_hits_the_radix_cache
     lines = data.read_text().splitlines()
     out = work / "bf16"
     r = runkit.run(
-        model10, data, out, "--backend", "sglang", "--server", server.url,
-        "--dump-dir", str(server.dump_dir), "--concurrency", "8", timeout=300,
-    )  # fmt: skip
+        model10,
+        data,
+        out,
+        "--backend",
+        "sglang",
+        "--server",
+        server.url,
+        "--dump-dir",
+        str(server.dump_dir),
+        "--concurrency",
+        "8",
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "radix cache on" in r.stderr + r.stdout  # the client says the server is unfit-ish
     runkit.assert_complete(out, valid, bad)

@@ -79,16 +79,35 @@ STORE = ("--store-dtype", "float32")
 
 def run(model: Path, data: Path, out: Path, server: sr.Server, *extra: str, timeout: float = 300):
     return runkit.run(
-        model, data, out, "--backend", "sglang", "--server", server.url,
-        "--dump-dir", str(server.dump_dir), *STORE, *extra, timeout=timeout,
-    )  # fmt: skip
+        model,
+        data,
+        out,
+        "--backend",
+        "sglang",
+        "--server",
+        server.url,
+        "--dump-dir",
+        str(server.dump_dir),
+        *STORE,
+        *extra,
+        timeout=timeout,
+    )
 
 
 def start(model: Path, data: Path, out: Path, server: sr.Server, *extra: str):
     return runkit.start(
-        model, data, out, "--backend", "sglang", "--server", server.url,
-        "--dump-dir", str(server.dump_dir), *STORE, *extra,
-    )  # fmt: skip
+        model,
+        data,
+        out,
+        "--backend",
+        "sglang",
+        "--server",
+        server.url,
+        "--dump-dir",
+        str(server.dump_dir),
+        *STORE,
+        *extra,
+    )
 
 
 def saved_count(out: Path) -> int:
@@ -168,8 +187,10 @@ def test_monitor_shows_the_real_servers_readings(extraction: dict[str, Any]) -> 
     out = extraction["out"]
     p = subprocess.run(
         [sys.executable, "-m", "eagle3top", "--once", "--json", "--output", str(out)],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     doc = json.loads(p.stdout)
     (shard,) = doc["shards"]
     detail = shard["producer_detail"]

@@ -279,9 +279,13 @@ def test_specforge_trains_on_fp8_files_through_the_adapter_as_on_bf16_files(
     env, args = doc_command("train-fp8")
     assert args[:3] == ["-m", "eagle3d.specforge_train", "train"], args
     r = subprocess.run(
-        [sys.executable, *args], cwd=work, env={**ENV, **env}, capture_output=True, text=True,
+        [sys.executable, *args],
+        cwd=work,
+        env={**ENV, **env},
+        capture_output=True,
+        text=True,
         timeout=600,
-    )  # fmt: skip
+    )
     steps = [ast.literal_eval(m) for m in re.findall(r"^step \d+: (\{.*\})$", r.stdout, re.M)]
     log = r.stdout + r.stderr
     assert_trained(r.returncode, log, steps, 3)
@@ -292,14 +296,19 @@ def test_specforge_trains_on_fp8_files_through_the_adapter_as_on_bf16_files(
     assert all(abs(a - b) <= 0.05 * b for a, b in pairs), pairs
     assert (work / ".demo" / "drafter-fp8" / "specforge-run-step3" / "training_state.pt").is_file()
     # Without the adapter SpecForge's own trainer refuses the fp8 files at the first step.
-    rc, log, steps = train(work, "train", f"data.hidden_states_path={fp8_output}",
-                           "output_dir=plain-fp8")  # fmt: skip
+    rc, log, steps = train(
+        work, "train", f"data.hidden_states_path={fp8_output}", "output_dir=plain-fp8"
+    )
     assert rc != 0 and not steps and FP8_ERROR in log, log[-3000:]
     # A multi-process plan runs the adapter in every worker (torchrun --no-python).
     r = subprocess.run(
         [sys.executable, *args, "deployment.trainer.nproc_per_node=2", "--plan"],
-        cwd=work, env={**ENV, **env}, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        cwd=work,
+        env={**ENV, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     (command,) = json.loads(r.stdout)["commands"]
     argv = command["argv"]
@@ -331,8 +340,16 @@ def test_a_second_run_on_an_output_extended_by_a_resumed_extraction(
     out, before = grown
     first = ("output_dir=.demo/drafter", f"data.hidden_states_path={out}")
     assert_trained(*train(work, "train", *first), 3)
-    run_eagle3d("run", "--model", ".demo/model", "--dataset", str(work / "part.jsonl"),
-                "--output", str(out), cwd=work)  # fmt: skip
+    run_eagle3d(
+        "run",
+        "--model",
+        ".demo/model",
+        "--dataset",
+        str(work / "part.jsonl"),
+        "--output",
+        str(out),
+        cwd=work,
+    )
     report = verify_json(out)
     after = len(list(out.glob("rows_*/data_*.ckpt")))
     assert report["ok"] and report["saved"] == after == 59 > before
@@ -355,8 +372,18 @@ def test_float32_storage_is_refused_by_specforges_own_trainer(work: Path) -> Non
     data = work / "few.jsonl"
     data.write_text("".join(DEMO_DATA.read_text().splitlines(keepends=True)[:12]))
     out = work / "fp32"
-    run_eagle3d("run", "--model", ".demo/model", "--dataset", str(data), "--output", str(out),
-                "--store-dtype", "float32", cwd=work)  # fmt: skip
+    run_eagle3d(
+        "run",
+        "--model",
+        ".demo/model",
+        "--dataset",
+        str(data),
+        "--output",
+        str(out),
+        "--store-dtype",
+        "float32",
+        cwd=work,
+    )
     assert verify_json(out)["shards"][0]["store_dtype"] == "float32"
     rc, log, steps = train(work, "train", f"data.hidden_states_path={out}", "output_dir=fp32-run")
     assert rc != 0 and not steps

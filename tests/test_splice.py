@@ -107,12 +107,15 @@ def _nan(t: int, dtype: torch.dtype) -> Any:
 BAD: dict[str, Any] = {
     "ids differ": lambda t: {"ids": torch.arange(t) + (torch.arange(t) == t - 1)},
     "NaN in hidden_state": lambda t: {"hid": _nan(t, torch.float32)},
-    "NaN in bf16": lambda t: {"hid": _nan(t, torch.bfloat16), "aux": torch.zeros(t, 3 * H).bfloat16()},
+    "NaN in bf16": lambda t: {
+        "hid": _nan(t, torch.bfloat16),
+        "aux": torch.zeros(t, 3 * H).bfloat16(),
+    },
     "Inf in aux_hidden_state": lambda t: {"aux": torch.full((t, 3 * H), float("inf"))},
     "aux cut short": lambda t: {"aux": torch.zeros(t - 1, 3 * H)},
     "two layers": lambda t: {"aux": torch.zeros(t, 2 * H), "layers": [2, 4]},
     "other layers": lambda t: {"layers": [1, 4, 5]},
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
@@ -149,7 +152,9 @@ def test_a_vanished_dump_is_dumpvanished(tmp_path: Path) -> None:
     gone = str(tmp_path / "gone.e3dump")
     with pytest.raises(DumpVanished):
         _stage(gone, 3)
-    (result,) = Committer(str(tmp_path / "out")).commit_files([(0, [1, 2, 3], [1] * 3, gone)], H, LAYERS)  # fmt: skip
+    (result,) = Committer(str(tmp_path / "out")).commit_files(
+        [(0, [1, 2, 3], [1] * 3, gone)], H, LAYERS
+    )
     assert isinstance(result, DumpVanished)
     assert str(result) == "gone.e3dump vanished before it was read"
 
@@ -166,7 +171,9 @@ def test_dtypes_it_does_not_handle_are_committed_by_the_general_path(
     aux = torch.randn(t, 3 * H, generator=g).to(dtypes[1])
     path = write_dump(str(tmp_path), "other", torch.arange(t), aux, hid, LAYERS)
     assert _stage(path, t) is None
-    (r,) = Committer(str(tmp_path / "out")).commit_files([(3, list(range(t)), [1] * t, path)], H, LAYERS)  # fmt: skip
+    (r,) = Committer(str(tmp_path / "out")).commit_files(
+        [(3, list(range(t)), [1] * t, path)], H, LAYERS
+    )
     assert isinstance(r, Committed)
     got = torch.load(tmp_path / "out" / r.relpath, weights_only=True)
     assert torch.equal(got["hidden_state"][0], hid) and torch.equal(got["aux_hidden_state"][0], aux)
@@ -180,7 +187,9 @@ def test_an_archive_over_the_limit_goes_to_the_general_path(
     assert _stage(path, t, limit=100_000) is not None
     assert _stage(path, t, limit=10_000) is None
     monkeypatch.setattr(commit, "DIRECT_MAX", 10_000)
-    (r,) = Committer(str(tmp_path / "out")).commit_files([(0, list(range(t)), [1] * t, path)], H, LAYERS)  # fmt: skip
+    (r,) = Committer(str(tmp_path / "out")).commit_files(
+        [(0, list(range(t)), [1] * t, path)], H, LAYERS
+    )
     assert isinstance(r, Committed)
     assert file_checksum(str(tmp_path / "out" / r.relpath)) == (r.nbytes, r.checksum)
 
@@ -248,7 +257,9 @@ def test_a_full_disk_is_a_commit_error(tmp_path: Path, monkeypatch: pytest.Monke
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "pwrite", full)
-    (r,) = Committer(str(tmp_path / "out")).commit_files([(0, list(range(20)), [1] * 20, path)], H, LAYERS)  # fmt: skip
+    (r,) = Committer(str(tmp_path / "out")).commit_files(
+        [(0, list(range(20)), [1] * 20, path)], H, LAYERS
+    )
     assert isinstance(r, CommitError) and r.errno == 28
     assert list((tmp_path / "out" / "rows_0-2000").iterdir()) == []  # no temp file left
 
@@ -291,7 +302,10 @@ def test_read_header_refuses_what_is_not_a_safetensors_header(tmp_path: Path) ->
 
 
 def test_a_long_header_is_read_past_the_first_page(tmp_path: Path) -> None:
-    meta = {"__metadata__": {"pad": "x" * 6000}, "t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}  # fmt: skip
+    meta = {
+        "__metadata__": {"pad": "x" * 6000},
+        "t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+    }
     text = json.dumps(meta).encode()
     p = tmp_path / "long"
     p.write_bytes(struct.pack("<Q", len(text)) + text + b"\0" * 8)

@@ -71,7 +71,12 @@ def test_a_nan_in_a_dump_is_caught_on_the_scales_and_words_the_problem(tmp_path:
     aux, hid = _states(t, torch.bfloat16)
     aux[7, 70] = float("nan")
     path = write_dump(str(tmp_path), "r", torch.arange(t), aux, hid, LAYERS)
-    assert splice.stage(path, list(range(t)), [1] * t, H, LAYERS, directio.DirectBuffer(), 1 << 30, FP8) is None  # fmt: skip
+    assert (
+        splice.stage(
+            path, list(range(t)), [1] * t, H, LAYERS, directio.DirectBuffer(), 1 << 30, FP8
+        )
+        is None
+    )
     (r,) = Committer(str(tmp_path / "o"), store=FP8).commit_files(
         [(0, list(range(t)), [1] * t, path)], H, LAYERS
     )
@@ -81,7 +86,9 @@ def test_a_nan_in_a_dump_is_caught_on_the_scales_and_words_the_problem(tmp_path:
 def _saved(out: Path, t: int) -> ev.SampleSaved:
     aux, hid = _states(t, torch.bfloat16)
     path = write_dump(str(out.parent), "v", torch.arange(t), aux, hid, LAYERS)
-    (r,) = Committer(str(out), store=FP8).commit_files([(3, list(range(t)), [1] * t, path)], H, LAYERS)  # fmt: skip
+    (r,) = Committer(str(out), store=FP8).commit_files(
+        [(3, list(range(t)), [1] * t, path)], H, LAYERS
+    )
     assert isinstance(r, Committed)
     return ev.SampleSaved(idx=3, path=r.relpath, bytes=r.nbytes, tokens=t, checksum=r.checksum)
 

@@ -102,7 +102,9 @@ def test_the_commit_casts_a_float32_dump_within_its_read(
     path = write_dump(str(tmp_path), "r", torch.arange(t), aux, hid, LAYERS)
     monkeypatch.setattr(os, "urandom", lambda n: b"\x05" * n)
     mask = [1] * t
-    staged = splice.stage(path, list(range(t)), mask, H, LAYERS, directio.DirectBuffer(), 1 << 30, store)  # fmt: skip
+    staged = splice.stage(
+        path, list(range(t)), mask, H, LAYERS, directio.DirectBuffer(), 1 << 30, store
+    )
     assert staged is not None
     spliced = bytes(staged.view[: staged.written.nbytes])
     d = _commit_file(tmp_path / "out", path, t, store)
@@ -124,8 +126,13 @@ def test_a_producer_cast_and_a_commit_cast_store_the_same_bytes(tmp_path: Path) 
     aux, hid = _states(t)
     fp32 = write_dump(str(tmp_path), "a", torch.arange(t), aux, hid, LAYERS)
     bf16 = write_dump(
-        str(tmp_path), "b", torch.arange(t), storedtype.cast(aux, BF16), storedtype.cast(hid, BF16), LAYERS
-    )  # fmt: skip
+        str(tmp_path),
+        "b",
+        torch.arange(t),
+        storedtype.cast(aux, BF16),
+        storedtype.cast(hid, BF16),
+        LAYERS,
+    )
     assert os.path.getsize(bf16) < 0.51 * os.path.getsize(fp32)
     a = _commit_file(tmp_path / "a", fp32, t, BF16)
     b = _commit_file(tmp_path / "b", bf16, t, BF16)
@@ -164,7 +171,9 @@ def test_without_a_storage_format_the_commit_keeps_the_dumps_dtype(tmp_path: Pat
     t = 20
     aux, hid = _states(t)
     path = write_dump(str(tmp_path), "r", torch.arange(t), aux, hid, LAYERS)
-    (r,) = Committer(str(tmp_path / "o")).commit_files([(0, list(range(t)), [1] * t, path)], H, LAYERS)  # fmt: skip
+    (r,) = Committer(str(tmp_path / "o")).commit_files(
+        [(0, list(range(t)), [1] * t, path)], H, LAYERS
+    )
     assert isinstance(r, Committed)
     d = torch.load(tmp_path / "o" / r.relpath, weights_only=True)
     assert d["hidden_state"].dtype == torch.float32
@@ -181,10 +190,24 @@ def _worker_dump(model: Path, dumps: Path, *extra: str) -> tuple[dict[str, Any],
     """One request through a real worker process; (its ready message, the dump's path)."""
     dumps.mkdir()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "eagle3d.remote.hf_worker", "--model", str(model),
-         "--dump-dir", str(dumps), "--aux-layers", "1,2,3", "--threads", "1", *extra],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=ENV,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "eagle3d.remote.hf_worker",
+            "--model",
+            str(model),
+            "--dump-dir",
+            str(dumps),
+            "--aux-layers",
+            "1,2,3",
+            "--threads",
+            "1",
+            *extra,
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=ENV,
+    )
     assert proc.stdin is not None and proc.stdout is not None
     ids = [(5 * k) % 900 + 7 for k in range(90)]
     proc.stdin.write(encode_frame(_enc.encode({"op": "req", "rid": "r0", "ids": ids})))
@@ -318,7 +341,9 @@ def _hooked_dumps(model_dir: Path, dumps: Path, store_dtype: str | None) -> Dump
 
     model, _ = st.load_standin(str(model_dir))
     st.register_forward_hooks(model, [sh.hook_spec(str(dumps), None, 4, store_dtype)])
-    (cap,) = [h for m in model.modules() for h in m._forward_hooks.values() if isinstance(h, sh.Capture)]  # fmt: skip
+    (cap,) = [
+        h for m in model.modules() for h in m._forward_hooks.values() if isinstance(h, sh.Capture)
+    ]
     ids = [(3 * k) % 800 + 5 for k in range(40)]
     st.Scheduler(model).run([(sr.sglang_rid("s1", ids), ids)])
     assert cap.writer is not None
@@ -346,7 +371,20 @@ def test_the_hook_refuses_an_unknown_storage_dtype_and_the_launcher_passes_it(
     with pytest.raises(sh.HookLoadError, match="store_dtype: 'fp3' is not one of"):
         sh.make_hook({"dump_dir": str(tmp_path), "store_dtype": "fp3"}, model=torch.nn.Linear(1, 1))
     assert "store_dtype" not in sh.hook_spec(str(tmp_path))["config"]
-    assert main(["sglang-args", "--dump-dir", str(tmp_path), "--store-dtype", "bfloat16", "--format", "json"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "sglang-args",
+                "--dump-dir",
+                str(tmp_path),
+                "--store-dtype",
+                "bfloat16",
+                "--format",
+                "json",
+            ]
+        )
+        == 0
+    )
     args = json.loads(capsys.readouterr().out)["args"]
     (spec,) = json.loads(args[args.index("--forward-hooks") + 1])
     assert spec["config"]["store_dtype"] == "bfloat16"

@@ -230,10 +230,21 @@ def test_eagle3d_run_draws_one_live_progress_line_on_a_terminal(tmp_path, tiny_m
         subset.write_text("".join(f.readlines()[:40]))
     out = str(tmp_path / "out")
     cmd = [
-        sys.executable, "-m", "eagle3d", "run", "--model", str(tiny_model_dir),
-        "--dataset", str(subset), "--output", out, "--workers", "1",
-        "--dump-dir", str(tmp_path / "dumps"),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "eagle3d",
+        "run",
+        "--model",
+        str(tiny_model_dir),
+        "--dataset",
+        str(subset),
+        "--output",
+        out,
+        "--workers",
+        "1",
+        "--dump-dir",
+        str(tmp_path / "dumps"),
+    ]
     slow = ["env", "EAGLE3D_FAULT=worker_slow:300", *cmd]  # the run lasts long enough to watch
     t = Tmux(["sh", "-c", subprocess.list2cmdline(slow) + "; echo EXITED $?; sleep 600"])
     try:

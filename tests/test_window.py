@@ -20,10 +20,16 @@ def test_started_requests_are_replaced_while_their_batch_runs(
     valid, malformed = runkit.dataset(data, 40, malformed=False)
     window = 4
     r = runkit.run(
-        tiny_model_dir, data, out, "--concurrency", str(window), "--batch-tokens", "4096",
+        tiny_model_dir,
+        data,
+        out,
+        "--concurrency",
+        str(window),
+        "--batch-tokens",
+        "4096",
         # A rest after each batch keeps its dumps waiting long enough to be counted.
         fault="worker_slow:200",
-    )  # fmt: skip
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     runkit.assert_complete(out, valid, malformed)
     # Requests sent and not yet dumped, along the journal: with started requests replaced

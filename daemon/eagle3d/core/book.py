@@ -152,7 +152,7 @@ class Book:
             elif isinstance(item, Rejected):
                 self._reject(item)
             elif item.idx in self.by_idx:  # a bug, said loudly, not a wedge
-                self._log(ERROR, f"sample {item.idx} handed over while already in flight; ignored")  # fmt: skip
+                self._log(ERROR, f"sample {item.idx} handed over while already in flight; ignored")
             else:
                 self._send(item, now)
 
@@ -161,7 +161,9 @@ class Book:
         # someone who already knows to look at the journal.
         self._log(WARNING, f"{self.rules.dataset}: {r.message}")
         self.status[r.idx] = FAILED
-        self._emit(fx.Record(ev.SampleFailed(idx=r.idx, error=r.error, message=r.message, attempt=0)))  # fmt: skip
+        self._emit(
+            fx.Record(ev.SampleFailed(idx=r.idx, error=r.error, message=r.message, attempt=0))
+        )
 
     def _send(self, p: Sample, now: float) -> None:
         if p.recount:
@@ -186,25 +188,61 @@ class Book:
         self.inflight.pop(p.rid, None)
         p.stage = 0
         if self.stopping:
-            self._emit(fx.Record(ev.SampleFailed(idx=p.idx, error=error, message=f"{message} (during the stop: pending for the next run)", attempt=p.attempt, retry=True, environment=True)))  # fmt: skip
+            self._emit(
+                fx.Record(
+                    ev.SampleFailed(
+                        idx=p.idx,
+                        error=error,
+                        message=f"{message} (during the stop: pending for the next run)",
+                        attempt=p.attempt,
+                        retry=True,
+                        environment=True,
+                    )
+                )
+            )
             self.by_idx.pop(p.idx, None)
             self._check_done()
             return
         if not verdict.counted:
-            self._emit(fx.Record(ev.SampleFailed(idx=p.idx, error=error, message=message, attempt=p.attempt, retry=True, environment=True)))  # fmt: skip
-            self._log(WARNING, f"sample {p.idx}: {error}: {message}; not the sample's fault ({verdict.why}): sent again, no attempt counted")  # fmt: skip
+            self._emit(
+                fx.Record(
+                    ev.SampleFailed(
+                        idx=p.idx,
+                        error=error,
+                        message=message,
+                        attempt=p.attempt,
+                        retry=True,
+                        environment=True,
+                    )
+                )
+            )
+            self._log(
+                WARNING,
+                f"sample {p.idx}: {error}: {message}; not the sample's fault ({verdict.why}): sent again, no attempt counted",
+            )
             p.recount = False
             self.requeue.append(p)
             if verdict.pause is not None:
                 self._pause(verdict.pause, now)
             return
         retry = p.attempt < self.rules.max_attempts
-        self._emit(fx.Record(ev.SampleFailed(idx=p.idx, error=error, message=message, attempt=p.attempt, retry=retry)))  # fmt: skip
+        self._emit(
+            fx.Record(
+                ev.SampleFailed(
+                    idx=p.idx, error=error, message=message, attempt=p.attempt, retry=retry
+                )
+            )
+        )
         if retry:
-            self._log(WARNING, f"sample {p.idx} attempt {p.attempt} failed ({error}: {message}); retrying")  # fmt: skip
+            self._log(
+                WARNING, f"sample {p.idx} attempt {p.attempt} failed ({error}: {message}); retrying"
+            )
             self.requeue.append(p)
             return
-        self._log(WARNING, f"sample {p.idx} failed for good after {p.attempt} attempt(s): {error}: {message}")  # fmt: skip
+        self._log(
+            WARNING,
+            f"sample {p.idx} failed for good after {p.attempt} attempt(s): {error}: {message}",
+        )
         self.status[p.idx] = FAILED
         self.by_idx.pop(p.idx, None)
         self.last_progress = now
@@ -212,7 +250,10 @@ class Book:
 
     def _pause(self, fault: EnvFault, now: float) -> None:
         if self.pauses.add(fault, now):
-            self._log(ERROR, f"paused: {fault.reason}; resumes by itself once it can write there again (or send SIGHUP)")  # fmt: skip
+            self._log(
+                ERROR,
+                f"paused: {fault.reason}; resumes by itself once it can write there again (or send SIGHUP)",
+            )
             self._emit(fx.Paused(fault))
 
     def _lose(self, what: str) -> None:
@@ -221,7 +262,10 @@ class Book:
         if self.lost:
             return
         self.lost = what
-        self._log(ERROR, f"{what}: stopping at once (exit {EXIT_OUTPUT}); nothing more is journaled and the run is not finished. Put the output back where it was and rerun the same command, or start again with a new --output")  # fmt: skip
+        self._log(
+            ERROR,
+            f"{what}: stopping at once (exit {EXIT_OUTPUT}); nothing more is journaled and the run is not finished. Put the output back where it was and rerun the same command, or start again with a new --output",
+        )
         self.exit_code = EXIT_OUTPUT
         self.stopping = self.stopping or f"output lost: {what}"
         self.inflight.clear()
@@ -238,7 +282,10 @@ class Book:
             saved, failed = self.counts()
             left = self.total - saved - failed
             counts = describe_counts(saved, failed, self.total)
-            self._log(INFO, f"stopped ({self.stopping}): {counts}, {left} left; resumable: rerun the same command")  # fmt: skip
+            self._log(
+                INFO,
+                f"stopped ({self.stopping}): {counts}, {left} left; resumable: rerun the same command",
+            )
             self._set_done()
         elif self.feed_done and not (self.requeue or self.faults or self.unrecorded):
             self.finishing = True

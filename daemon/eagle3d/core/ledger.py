@@ -167,7 +167,10 @@ class Ledger(Book):
         if self.done:
             return []
         if self.stopping and now >= self.drain_deadline and self.inflight:
-            self._log(WARNING, f"drain timeout: abandoning {len(self.inflight)} sample(s); they are redone on resume")  # fmt: skip
+            self._log(
+                WARNING,
+                f"drain timeout: abandoning {len(self.inflight)} sample(s); they are redone on resume",
+            )
             self.inflight.clear()
             self._check_done()
         limit = self.rules.request_timeout
@@ -210,7 +213,9 @@ class Ledger(Book):
         dumps_need = max(2 * self.largest_dump, MIB)
         return self.pauses.due(now, force, self.rules.dump_dir, need, dumps_need)
 
-    def probed(self, results: list[ProbeResult], now: float, force: bool = False) -> list[fx.Effect]:  # fmt: skip
+    def probed(
+        self, results: list[ProbeResult], now: float, force: bool = False
+    ) -> list[fx.Effect]:
         """The outcome of :meth:`probes_due`'s probes: resume when every area is back."""
         back, why = self.pauses.judge(results)
         if not back:
@@ -235,7 +240,9 @@ class Ledger(Book):
         if self.done:
             return []
         if self.stopping:
-            self._log(WARNING, f"{why} again: stopping now, abandoning {len(self.inflight)} in flight")  # fmt: skip
+            self._log(
+                WARNING, f"{why} again: stopping now, abandoning {len(self.inflight)} in flight"
+            )
             self.inflight.clear()
             self._check_done()
             return self._end(now)

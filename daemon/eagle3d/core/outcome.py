@@ -72,4 +72,14 @@ class Internal(Outcome, frozen=True):
     message: str
 
 
-AnyOutcome = Saved | NotRecorded | DumpLost | BadDump | WriteRefused | DirGone | OutputGone | WriteFailed | Internal  # fmt: skip
+AnyOutcome = (
+    Saved
+    | NotRecorded
+    | DumpLost
+    | BadDump
+    | WriteRefused
+    | DirGone
+    | OutputGone
+    | WriteFailed
+    | Internal
+)

@@ -51,7 +51,9 @@ class Pauses:
         self.reason = fault.reason
         return True
 
-    def due(self, now: float, force: bool, dump_dir: str, need: int, dumps_need: int) -> list[Probe]:  # fmt: skip
+    def due(
+        self, now: float, force: bool, dump_dir: str, need: int, dumps_need: int
+    ) -> list[Probe]:
         """The probes to make now: ``need`` bytes in the output or the journal's area,
         ``dumps_need`` in the dump area (``dump_dir``)."""
         if not self.faults or (now < self.next_probe and not force):

@@ -8,7 +8,9 @@ from eagle3d.core.envfault import dump_room
 from eagle3d.core.sample import SENT, Sample
 
 
-def room(inflight: Iterable[Sample], in_flight: int, window: int, dump_free: int, bytes_per_token: float) -> bool:  # fmt: skip
+def room(
+    inflight: Iterable[Sample], in_flight: int, window: int, dump_free: int, bytes_per_token: float
+) -> bool:
     """One more request may be sent while fewer than ``window`` sent requests wait at the
     producer, fewer than three windows are in flight in all (``in_flight``, committing
     included), and the dump area's ``dump_free`` bytes (-1: unknown) hold the dumps still to

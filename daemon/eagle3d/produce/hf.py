@@ -130,7 +130,16 @@ class HFProducer(Producer):
     async def _begin(self, slot: int) -> Worker:
         """Worker ``slot``'s process started, its reports read."""
         device = worker_device(self.device, slot, self._gpus)
-        args = WorkerArgs(self.model, self.dump_dir, self._budget, device, self.dtype, self.aux_layers, self.store_dtype, self.threads)  # fmt: skip
+        args = WorkerArgs(
+            self.model,
+            self.dump_dir,
+            self._budget,
+            device,
+            self.dtype,
+            self.aux_layers,
+            self.store_dtype,
+            self.threads,
+        )
         proc = await self._launcher.start(args, self._gpus)
         w = Worker(slot, proc, last_progress=time.monotonic())
         w.ready = asyncio.get_running_loop().create_future()

@@ -138,9 +138,16 @@ class Zygote:
         with theirs:
             cmd = [sys.executable, "-m", "eagle3d.remote.hf_zygote", "--fd", str(theirs.fileno())]
             proc = await asyncio.create_subprocess_exec(
-                *cmd, "--model", model, "--", *flags, stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.DEVNULL, pass_fds=(theirs.fileno(),), env=env,
-            )  # fmt: skip
+                *cmd,
+                "--model",
+                model,
+                "--",
+                *flags,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(),),
+                env=env,
+            )
         ours.setblocking(False)
         return cls(proc, ours)
 

@@ -326,7 +326,7 @@ class SGLangProducer(Producer):
     async def _server_info(self, starting: bool = False) -> dict[str, Any]:
         """``GET /server_info`` (:func:`eagle3d.produce.sglang_info.server_info`)."""
         assert self.client is not None
-        info, self._info_path = await server_info(self.client, self.url, self._info_path, starting)  # fmt: skip
+        info, self._info_path = await server_info(self.client, self.url, self._info_path, starting)
         return info
 
     async def refresh(self) -> None:

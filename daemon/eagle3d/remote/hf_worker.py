@@ -199,7 +199,11 @@ class Worker:
                 # go on computing batches nobody receives until its queue blocked it.
                 # The daemon retries the request (and records it failed if this persists).
                 err = errno.errorcode.get(e.errno or 0, "OSError")
-                send(pr.Fail(rid, "DumpWriteError", f"writing the dump failed: {err}: {e.strerror or e}"))  # fmt: skip
+                send(
+                    pr.Fail(
+                        rid, "DumpWriteError", f"writing the dump failed: {err}: {e.strerror or e}"
+                    )
+                )
                 continue
             if fault is not None and fault.arg == "truncate":
                 os.truncate(path, os.path.getsize(path) // 2)

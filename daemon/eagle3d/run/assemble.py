@@ -145,7 +145,9 @@ def assemble(
     reaper = Reaper(limit_for(where.dump_dir))
 
     def body(batch: list[Sample]) -> list[Any]:
-        return commit_batch(batch, committer, rec, identity, facts.hidden_size, facts.layers, reaper)  # fmt: skip
+        return commit_batch(
+            batch, committer, rec, identity, facts.hidden_size, facts.layers, reaper
+        )
 
     threads = cfg.commit_thread_count()
     commits = Commits(body, inbox.put, threads, committer)

@@ -94,7 +94,7 @@ def commit_batch(
     return out
 
 
-def _write_error(p: Sample, e: CommitError, output: str, identity: OutputIdentity) -> oc.AnyOutcome:  # fmt: skip
+def _write_error(p: Sample, e: CommitError, output: str, identity: OutputIdentity) -> oc.AnyOutcome:
     message = f"CommitError: {e}"
     if env_errno(e.errno):  # the environment's, never the sample's: pause, then commit again
         where = os.path.dirname(os.path.join(output, sample_relpath(p.idx)))

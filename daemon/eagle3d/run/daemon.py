@@ -138,7 +138,9 @@ class Daemon:
         for i in facts.blank:  # no samples: skipped, whatever an older version made of them
             self.status[i] = SKIPPED
         reserve.make()
-        forced = job.check_fingerprint(resume.last_started, facts.job, cfg.force_resume, self.output)  # fmt: skip
+        forced = job.check_fingerprint(
+            resume.last_started, facts.job, cfg.force_resume, self.output
+        )
         if forced:
             log.warning("resuming a changed job because of --force-resume (%s)", forced)
         if self._counts()[0]:  # work left: the producer loads while the rest is made ready
@@ -156,7 +158,13 @@ class Daemon:
         turns (docs/benchmarks.md, "Whole short job")."""
         cfg = self.cfg
         self.dump_dir = cfg.dump_dir or own_dump_dir(run_id, self.shard)
-        self.producer = make_producer(cfg, dump_dir=self.dump_dir, hidden_size=facts.hidden_size, layers=facts.layers, store_dtype=facts.job.store_dtype)  # fmt: skip
+        self.producer = make_producer(
+            cfg,
+            dump_dir=self.dump_dir,
+            hidden_size=facts.hidden_size,
+            layers=facts.layers,
+            store_dtype=facts.job.store_dtype,
+        )
         port = ProducerPort(self.inbox)
         try:
             await self.producer.launch(port)
@@ -196,7 +204,11 @@ class Daemon:
             rec.append_many(list(reopen))
             ids = sorted(r.idx for r in reopen)
             shown = ", ".join(map(str, ids[:10])) + (" ..." if len(ids) > 10 else "")
-            log.warning("%d sample(s) recorded as failed by an earlier run for a reason that was not their own (a signal, a full or unwritable disk) are retried: %s", len(ids), shown)  # fmt: skip
+            log.warning(
+                "%d sample(s) recorded as failed by an earlier run for a reason that was not their own (a signal, a full or unwritable disk) are retried: %s",
+                len(ids),
+                shown,
+            )
         _, saved, failed = self._counts()
         session = self.state.session + 1
         started = ev.RunStarted(
@@ -216,13 +228,34 @@ class Daemon:
         early, self.early = self.early, []
         for m in early:
             self._producer_state(m)
-        log.info("job %s shard %s: %d samples, %d already saved, %d failed; session %d", opened.run_id[:8], self.shard.name, facts.total, saved, failed, session)  # fmt: skip
+        log.info(
+            "job %s shard %s: %d samples, %d already saved, %d failed; session %d",
+            opened.run_id[:8],
+            self.shard.name,
+            facts.total,
+            saved,
+            failed,
+            session,
+        )
         if facts.blank:
             log.info("%d blank line(s) of %s skipped (no samples)", len(facts.blank), cfg.dataset)
         await self._start_server(sock)
         assert self.producer is not None  # launched by _open: there are pending rows
         where = Where(self.shard, self.output, self.jdir, self.dump_dir)
-        parts = self.parts = assemble(cfg, opened, where, self.producer, session=session, status=self.status, inbox=self.inbox, state=self.state, notifier=self.notifier, watchdog=self.watchdog, on_done=self._set_done, drain_timeout=self.drain_timeout)  # fmt: skip
+        parts = self.parts = assemble(
+            cfg,
+            opened,
+            where,
+            self.producer,
+            session=session,
+            status=self.status,
+            inbox=self.inbox,
+            state=self.state,
+            notifier=self.notifier,
+            watchdog=self.watchdog,
+            on_done=self._set_done,
+            drain_timeout=self.drain_timeout,
+        )
         # The feeder tokenizes while the producer loads; what it hands over waits in
         # ``held`` until the producer is up.
         parts.feeder.start()
@@ -296,7 +329,14 @@ class Daemon:
     async def _start_server(self, sock: str) -> None:
         from eagle3d.serve.server import EventServer
 
-        server = EventServer(sock, journal_dir=self.jdir, snapshot=lambda: self.state, shard=self.shard, output=self.output, host=socket.gethostname())  # fmt: skip
+        server = EventServer(
+            sock,
+            journal_dir=self.jdir,
+            snapshot=lambda: self.state,
+            shard=self.shard,
+            output=self.output,
+            host=socket.gethostname(),
+        )
         try:
             await server.start()
         except Exception as e:

@@ -47,7 +47,10 @@ class OutputIdentity:
         with self._lock:
             if not self._fds:
                 return ""
-            for path, what in ((self.output, "output directory"), (self.journal_dir, "journal directory")):  # fmt: skip
+            for path, what in (
+                (self.output, "output directory"),
+                (self.journal_dir, "journal directory"),
+            ):
                 problem = self._check_dir(path, what)
                 if problem:
                     return problem
@@ -63,7 +66,11 @@ class OutputIdentity:
             return f"the {what} {path} cannot be reached ({e.strerror})"
         if (st.st_dev, st.st_ino) != self._ids[path]:
             gone = os.fstat(self._fds[path]).st_nlink == 0
-            how = "removed and replaced by another directory" if gone else "replaced (moved away, another directory in its place)"  # fmt: skip
+            how = (
+                "removed and replaced by another directory"
+                if gone
+                else "replaced (moved away, another directory in its place)"
+            )
             return f"the {what} {path} was {how} during the run"
         return ""
 

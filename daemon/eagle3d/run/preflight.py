@@ -69,8 +69,11 @@ def check_layout(output: str, shard: Shard) -> None:
 def layout_lock(output: str) -> Iterator[None]:
     """Held while the shard layout is checked and this shard's journal is created."""
     os.makedirs(paths.state_dir(output), exist_ok=True)
-    fd = os.open(os.path.join(paths.state_dir(output), "layout.lock"),
-                 os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)  # fmt: skip
+    fd = os.open(
+        os.path.join(paths.state_dir(output), "layout.lock"),
+        os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+        0o644,
+    )
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

@@ -108,7 +108,9 @@ class Ticker:
         p.read_dump_area(now)  # its room may have grown: the window is asked again
         if n % SCAN_EVERY == 0 and self.watcher is not None:
             if self.watcher.rearm():
-                log.warning("dump area %s was removed or replaced: watching it again", self.dump_dir)  # fmt: skip
+                log.warning(
+                    "dump area %s was removed or replaced: watching it again", self.dump_dir
+                )
             for path in self.watcher.scan():
                 p.dump_arrived(path, now)  # the safety net for a lost inotify event
         self.recorder.append(self.stats(led.phase))

@@ -72,7 +72,14 @@ class Committer:
 
     ``store`` is the storage format of the states (None: as dumped)."""
 
-    def __init__(self, output: str, direct: bool = True, store: StoreFormat | None = None, writer: str = "archive", splice: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self,
+        output: str,
+        direct: bool = True,
+        store: StoreFormat | None = None,
+        writer: str = "archive",
+        splice: bool = True,
+    ) -> None:
         """``writer``: ``archive`` (own writer, direct I/O, the ``splice`` fast path from dump
         files; ``splice=False`` for its A/B) or ``torch`` (``torch.save``, the reference)."""
         if writer not in WRITERS:
@@ -245,8 +252,15 @@ class Committer:
         staged = None
         if self.splice:
             staged = splice.stage(
-                path, input_ids, loss_mask, hidden_size, layers, self._buffer(), DIRECT_MAX, self.store
-            )  # fmt: skip
+                path,
+                input_ids,
+                loss_mask,
+                hidden_size,
+                layers,
+                self._buffer(),
+                DIRECT_MAX,
+                self.store,
+            )
         if staged is None:  # not the usual kind, or bad: the general path says why
             dump = self._stored(read_dump(path))
             validate(dump, input_ids, hidden_size, layers)
