@@ -70,6 +70,11 @@ class RunStarted(Event, tag="run_started"):
     # The session reads the dataset pinned (a changed file stops it; no line is ever cut
     # short by a file that ended early). An older version's bad_json failures are retried.
     dataset_pinned: bool = False
+    # Who the daemon is, beyond a pid that may be reused: its start time (clock ticks since
+    # boot, /proc/<pid>/stat) and the boot's id. A monitor takes a lock for the daemon's
+    # only when its holder is this process (eagle3proto.locks).
+    pid_start: int = 0
+    boot_id: str = ""
 
 
 class SampleSent(Event, tag="sample_sent"):

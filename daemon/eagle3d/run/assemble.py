@@ -115,7 +115,9 @@ def assemble(
     # EAGLE3D_SPLICE=0 takes the splice fast path out: for its A/B (docs/benchmarks.md).
     splice = os.environ.get("EAGLE3D_SPLICE", "1") != "0"
     store = storedtype.get(facts.job.store_dtype)
-    committer = Committer(where.output, store=store, writer=cfg.writer, splice=splice)
+    committer = Committer(
+        where.output, store=store, writer=cfg.writer, splice=splice, rows=identity.rows
+    )
     committer.warm_up()
     rows = [paths.sample_relpath(i) for i in range(0, len(status), paths.GROUP_SIZE)]
     removed = committer.clean_temp_files(rows)
@@ -164,6 +166,7 @@ def assemble(
         failed=lambda why, changed: inbox.put(FeedFailed(why, changed)),
         capacity=FEED_AHEAD,
         pin=facts.pin,
+        max_line=cfg.max_line_bytes,
     )
     ticker = Ticker(
         output=where.output,

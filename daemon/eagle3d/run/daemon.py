@@ -29,14 +29,14 @@ import time
 from typing import Any
 
 from eagle3proto import events as ev
-from eagle3proto import paths, reducer
+from eagle3proto import locks, paths, reducer
 from eagle3proto.journal import JournalWriter
 from eagle3proto.paths import Shard
 
 from eagle3d import config
 from eagle3d.core.resume import ResumeFold, describe_counts, finish_code, outcome_words
 from eagle3d.core.sample import FAILED, PENDING, SAVED, SKIPPED
-from eagle3d.exitcodes import EXIT_INTERNAL, EXIT_OK, EXIT_PRODUCER, Fatal
+from eagle3d.exitcodes import EXIT_INTERNAL, EXIT_OK, EXIT_OUTPUT, EXIT_PRODUCER, Fatal
 from eagle3d.produce.base import Producer
 from eagle3d.produce.factory import make_producer, starting_words
 from eagle3d.remote.threadnames import name_threads
@@ -108,19 +108,29 @@ class Daemon:
             await self._shutdown()
 
     async def _open(self) -> Opened:
-        """The checks, the lock, the job's facts, the journal replayed and open."""
+        """The checks, the lock, the job's facts, the journal replayed and open. Every check
+        that can refuse a new job runs before anything is written under the output."""
         cfg = self.cfg
         preflight.check_model(cfg.model)
         preflight.check_dataset(cfg.dataset)
         preflight.check_layout(self.output, self.shard)  # before anything is written
+        preflight.check_output_reachable(self.output)
+        self.notifier.status("reading dataset")
+        facts = await asyncio.to_thread(job.describe, cfg, self.shard, self.output)
+        fresh = not os.path.isdir(self.jdir)
+        if fresh and not cfg.no_space_check:  # a new job's rows are all pending
+            status = bytearray(facts.lines)
+            for i in facts.blank:
+                status[i] = SKIPPED
+            args = (cfg, facts, self.shard, self.output, status)
+            await asyncio.to_thread(spacecheck.check_space, *args)
         preflight.check_output(self.output)
         with preflight.layout_lock(self.output):
             preflight.check_layout(self.output, self.shard)  # a daemon of another layout won
-            os.makedirs(self.jdir, exist_ok=True)
+            preflight.make_dirs(self.jdir)
         self.lock = preflight.ShardLock(paths.lock_path(self.output, self.shard))
         self.lock.acquire()
-        self.notifier.status("reading dataset and journal")
-        facts = await asyncio.to_thread(job.describe, cfg, self.shard, self.output)
+        self.notifier.status("reading the journal")
         self.status[:] = bytearray(facts.lines)
         journal = JournalWriter(
             self.jdir,
@@ -137,6 +147,9 @@ class Daemon:
         self.opened = Opened(facts, resume, journal.run_id, recorder, identity)
         for i in facts.blank:  # no samples: skipped, whatever an older version made of them
             self.status[i] = SKIPPED
+        problem = identity.rows.adopt(*self._row_folders())
+        if problem:
+            raise Fatal(EXIT_OUTPUT, problem)
         reserve.make()
         forced = job.check_fingerprint(
             resume.last_started, facts.job, cfg.force_resume, self.output
@@ -145,7 +158,7 @@ class Daemon:
             log.warning("resuming a changed job because of --force-resume (%s)", forced)
         if self._counts()[0]:  # work left: the producer loads while the rest is made ready
             await self._launch_producer(facts, journal.run_id)
-        if not cfg.no_space_check:
+        if not (cfg.no_space_check or fresh):  # a resumed job: its journal says what is left
             self.notifier.status("checking the space the job needs")
             args = (cfg, facts, self.shard, self.output, self.status)
             await asyncio.to_thread(spacecheck.check_space, *args)
@@ -171,6 +184,13 @@ class Daemon:
         except Exception as e:
             raise Fatal(EXIT_PRODUCER, f"producer {cfg.backend} failed to start: {e}") from e
         self.starting = asyncio.create_task(self.producer.start(port))
+
+    def _row_folders(self) -> tuple[list[str], set[str]]:
+        """(this shard's row folders, those holding samples the journal says are saved)."""
+        ids = range(self.shard.index, len(self.status), self.shard.count)
+        names = [paths.rows_dir(g) for g in range(0, len(self.status), paths.GROUP_SIZE)]
+        saved = {paths.rows_dir(i) for i in ids if self.status[i] == SAVED}
+        return names, saved
 
     def _counts(self) -> tuple[list[int], int, int]:
         """(this shard's pending rows, saved, failed)."""
@@ -216,6 +236,8 @@ class Daemon:
             total=facts.total,
             session=session,
             pid=os.getpid(),
+            pid_start=locks.start_time(os.getpid()),
+            boot_id=locks.boot_id(),
             host=socket.gethostname(),
             socket=sock,
             already_saved=saved,
