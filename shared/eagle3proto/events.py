@@ -98,7 +98,10 @@ class SampleSaved(Event, tag="sample_saved"):
     bytes: int
     tokens: int
     checksum: str
+    #: Cut to the job's ``max_length`` (``--on-overflow truncate``): ``tokens`` were kept of
+    #: ``original_tokens`` (0 in journals written before it was recorded).
     truncated: bool = False
+    original_tokens: int = 0
 
 
 class SampleFailed(Event, tag="sample_failed"):
