@@ -182,7 +182,14 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
     )
     a("--server", help="SGLang server URL (backend sglang)")
     a("--max-length", type=int, dest="max_length", help="token limit per sample (default 2048)")
-    a("--on-overflow", choices=("truncate", "skip"), dest="on_overflow")
+    a(
+        "--on-overflow",
+        choices=("truncate", "skip"),
+        dest="on_overflow",
+        help="a sample longer than --max-length: truncate keeps its first max-length tokens"
+        " (counted as truncated in the journal, the monitor and `eagle3d report`); skip fails"
+        " it as too_long (default truncate)",
+    )
     a("--aux-layers", type=_layers, dest="aux_layers", metavar="A,B,C")
     a("--shard", metavar="I/N", help="take samples with idx %% N == I")
     a("--dump-dir", dest="dump_dir", help="where producers drop dumps (default /dev/shm/...)")

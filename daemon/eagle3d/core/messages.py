@@ -123,9 +123,17 @@ class Committed(Message, frozen=True):
 
 
 class FeedFailed(Message, frozen=True):
-    """The feeder could not go on (its tokenizer, the dataset file)."""
+    """The feeder could not go on (its tokenizer, the dataset file); ``changed``: the
+    dataset is not what the run pinned at its start (stop with exit 6)."""
 
     message: str
+    changed: bool = False
+
+
+class DatasetChanged(Message, frozen=True):
+    """The dataset is not the file the run pinned at its start (``what``: how, naming it)."""
+
+    what: str
 
 
 # -- the clock and the environment --------------------------------------------------------------
@@ -195,6 +203,7 @@ Work = (
     | RequestFailed
     | Committed
     | FeedFailed
+    | DatasetChanged
     | Tick
     | DumpArea
     | Pause

@@ -37,6 +37,7 @@ class Sample:
     input_ids: list[int]
     loss_mask: list[int]
     truncated: bool = False
+    full_length: int = 0  # the row's length before truncation (0: not known)
     attempt: int = 0  # counted attempts (the sample's own failures), this one included
     sends: int = 0  # every send, uncounted ones included: names the request
     rid: str = ""
@@ -60,12 +61,22 @@ class CommitJob:
     input_ids: list[int]
     loss_mask: list[int]
     truncated: bool
+    full_length: int  # the row's length before truncation (0: not known)
     dump_path: str
     dump_bytes: int
 
     @classmethod
     def of(cls, p: Sample) -> CommitJob:
-        return cls(p.rid, p.idx, p.input_ids, p.loss_mask, p.truncated, p.dump_path, p.dump_bytes)
+        return cls(
+            p.rid,
+            p.idx,
+            p.input_ids,
+            p.loss_mask,
+            p.truncated,
+            p.full_length,
+            p.dump_path,
+            p.dump_bytes,
+        )
 
 
 @dataclass(frozen=True, slots=True)

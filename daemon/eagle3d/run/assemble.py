@@ -167,13 +167,14 @@ def assemble(
         pipeline=pipeline,
         watcher=watcher,
         post=inbox.put,
+        pin=facts.pin,
     )
 
     async def last_reading() -> None:
         await asyncio.wait_for(producer.refresh(), 5.0)
         rec.append(ticker.stats("finished"))
 
-    pipeline.equip(Work(producer, commits, feeder, last_reading))
+    pipeline.equip(Work(producer, commits, feeder, last_reading, facts.pin))
     for path in watcher.scan() + watcher.stale_temp_files():
         pipeline.orphan(path, "left by an earlier run")
     log.info("committing to %s with %d threads", where.output, threads)
@@ -208,6 +209,7 @@ def _feeder(
         max_length=cfg.max_length,
         on_overflow=cfg.on_overflow,
         put=lambda item: inbox.put(Fed(item)),
-        failed=lambda why: inbox.put(FeedFailed(why)),
+        failed=lambda why, changed: inbox.put(FeedFailed(why, changed)),
         capacity=FEED_AHEAD,
+        pin=facts.pin,
     )

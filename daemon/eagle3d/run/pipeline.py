@@ -37,6 +37,7 @@ from eagle3d.core import messages as m
 from eagle3d.core.envfault import JOURNAL, EnvFault
 from eagle3d.core.ledger import Ledger
 from eagle3d.ingest.feeder import Feeder
+from eagle3d.ingest.pin import Pin
 from eagle3d.produce.base import Producer
 from eagle3d.remote.dumpfile import rid_of
 from eagle3d.remote.threadnames import name_threads
@@ -61,6 +62,7 @@ class Work:
     commits: Commits
     feeder: Feeder
     last_reading: Callable[[], Awaitable[None]]  # the last stats record before run_finished
+    pin: Pin | None = None  # the dataset as pinned at the start
 
 
 class Pipeline:
@@ -142,6 +144,7 @@ class Pipeline:
                 | m.Started()
                 | m.Dumped()
                 | m.FeedFailed()
+                | m.DatasetChanged()
                 | m.DumpArea()
                 | m.Pause()
                 | m.Probed()
@@ -256,7 +259,10 @@ class Pipeline:
             await self._work().last_reading()
         except Exception:
             log.exception("the last stats record before run_finished failed")
-        self.post(m.LastReading())
+        pin = self._work().pin
+        changed = pin.changed() if pin is not None else ""
+        # Never "finished" over a dataset that is not the one read.
+        self.post(m.DatasetChanged(changed) if changed else m.LastReading())
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coro)

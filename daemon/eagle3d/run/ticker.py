@@ -1,6 +1,7 @@
 """The 1 s tick: what must happen on time rather than on an event.
 
 Every second: the output's identity (a removed, moved or replaced output stops the run),
+the dataset's (one changed since the start stops it too, exit 6),
 the ledger's clocks (request timeouts, the drain's deadline), the probe writes of a pause,
 the dump area's free space, the dump watcher's safety net (every 5 s: a lost inotify event,
 a removed dump area), a ``stats`` record, sd_notify's STATUS and watchdog, thread names,
@@ -20,6 +21,7 @@ from eagle3proto import events as ev
 from eagle3proto import reducer, views
 
 from eagle3d.core import messages as m
+from eagle3d.ingest.pin import Pin
 from eagle3d.produce.base import Producer
 from eagle3d.remote.threadnames import name_threads
 from eagle3d.run import diskguard
@@ -56,6 +58,7 @@ class Ticker:
         pipeline: Pipeline,
         watcher: DumpWatcher,
         post: Callable[[InboxMsg], None],
+        pin: Pin | None = None,
     ) -> None:
         self.output = output
         self.dump_dir = dump_dir
@@ -68,6 +71,7 @@ class Ticker:
         self.pipeline = pipeline
         self.watcher = watcher
         self.post = post
+        self.pin = pin  # the dataset as pinned at the start, or None
         self._telemetry: Telemetry | None = None
         self._progress: ProgressLine | None = None
 
@@ -107,6 +111,10 @@ class Ticker:
         gone = self.identity.check()
         if gone:
             self.post(m.Lose(gone))
+            return False
+        changed = self.pin.changed() if self.pin is not None else ""
+        if changed:
+            self.post(m.DatasetChanged(changed))
             return False
         # The ledger's clocks (timeouts, the drain's deadline, the probes of a pause) and
         # the window asked again (the dump area's room may have grown).
