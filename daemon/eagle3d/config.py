@@ -206,7 +206,14 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
     )
     a("--server", help="SGLang server URL (backend sglang)")
     a("--max-length", type=int, dest="max_length", help="token limit per sample (default 2048)")
-    a("--on-overflow", choices=("truncate", "skip"), dest="on_overflow")
+    a(
+        "--on-overflow",
+        choices=("truncate", "skip"),
+        dest="on_overflow",
+        help="a sample longer than --max-length: truncate keeps its first max-length tokens"
+        " (counted as truncated in the journal, the monitor and `eagle3d report`); skip fails"
+        " it as too_long (default truncate)",
+    )
     a(
         "--recipe",
         choices=("eagle3", "eagle3.1", "p-eagle", "dflash", "domino", "dspark"),

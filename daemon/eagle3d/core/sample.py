@@ -36,6 +36,7 @@ class Sample:
     input_ids: list[int]
     loss_mask: list[int]
     truncated: bool = False
+    full_length: int = 0  # the row's length before truncation (0: not known)
     attempt: int = 0  # counted attempts (the sample's own failures), this one included
     sends: int = 0  # every send, uncounted ones included: names the request
     rid: str = ""

@@ -75,6 +75,7 @@ def commit_batch(
                     tokens=len(p.input_ids),
                     checksum=done.checksum,
                     truncated=p.truncated,
+                    original_tokens=p.full_length if p.truncated else 0,
                 )
                 saved.append((k, rec))
         if saved and not recorder.append_many([rec for _, rec in saved]):
