@@ -40,7 +40,7 @@ from eagle3d.exitcodes import EXIT_INTERNAL, EXIT_OK, EXIT_PRODUCER, Fatal
 from eagle3d.produce.base import Producer
 from eagle3d.produce.factory import make_producer, starting_words
 from eagle3d.remote.threadnames import name_threads
-from eagle3d.run import diskguard, job, preflight, spacecheck
+from eagle3d.run import capture, diskguard, job, preflight, spacecheck
 from eagle3d.run import recorder as recording
 from eagle3d.run.assemble import Opened, Parts, Where, assemble, own_dump_dir, remove_if_empty
 from eagle3d.run.inbox import Hangup, Inbox, JournalFault, ProducerPort, ProducerState, Signalled
@@ -143,12 +143,17 @@ class Daemon:
         )
         if forced:
             log.warning("resuming a changed job because of --force-resume (%s)", forced)
+        contract = facts.capture or {}
+        forced = capture.check(self.output, contract, cfg.force_resume)
+        if forced:
+            log.warning("resuming with a changed model (%s) because of --force-resume", forced)
         if self._counts()[0]:  # work left: the producer loads while the rest is made ready
             await self._launch_producer(facts, journal.run_id)
         if not cfg.no_space_check:
             self.notifier.status("checking the space the job needs")
             args = (cfg, facts, self.shard, self.output, self.status)
             await asyncio.to_thread(spacecheck.check_space, *args)
+        capture.write(self.output, contract)
         return self.opened
 
     async def _launch_producer(self, facts: job.JobFacts, run_id: str) -> None:
