@@ -45,7 +45,7 @@ from eagle3d.exitcodes import EXIT_INTERNAL, EXIT_PRODUCER, Fatal
 from eagle3d.produce.base import Producer
 from eagle3d.produce.factory import make_producer, starting_words
 from eagle3d.remote.threadnames import name_threads
-from eagle3d.run import diskguard, job, preflight, spacecheck
+from eagle3d.run import capture, diskguard, job, preflight, spacecheck
 from eagle3d.run import recorder as recording
 from eagle3d.run.assemble import (
     Opened,
@@ -108,6 +108,8 @@ class Daemon:
         two steps whether the ledger already says the run is over (a signal, nothing to do)."""
         opened = await self._open(stack)
         p = self._begin(opened)
+        if p.ledger.done:  # nothing left to do: the job's capture contract, if it has none
+            capture.write(self.output, opened.facts.capture or {})
         await asyncio.sleep(0)  # what waited in the inbox (a signal in the replay) is judged
         if self.finished.is_set():
             return self.exit_code
@@ -117,6 +119,7 @@ class Daemon:
             self.notifier.status("checking the space the job needs")
             args = (self.cfg, opened.facts, self.shard, self.output, self.status)
             await asyncio.to_thread(spacecheck.check_space, *args)
+        capture.write(self.output, opened.facts.capture or {})
         if self.finished.is_set():
             return self.exit_code
         sock = self._announce(opened, p)
@@ -177,6 +180,9 @@ class Daemon:
         )
         if forced:
             log.warning("resuming a changed job because of --force-resume (%s)", forced)
+        forced = capture.check(self.output, facts.capture or {}, cfg.force_resume)
+        if forced:
+            log.warning("resuming with a changed model (%s) because of --force-resume", forced)
         return Opened(facts, resume, journal.run_id, recorder, identity)
 
     def _begin(self, opened: Opened) -> Pipeline:
