@@ -48,9 +48,9 @@ def resumed(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> d
         rows.insert(2 + 3 * k, bad)
     data = write_jsonl(root / "data.jsonl", rows)
     out = root / "out"
-    # One worker and a small window: slow enough that the stop comes midway.
+    # One worker, a small window and a rest after every batch: the stop comes midway.
     slow = ("--workers", "1", "--concurrency", "1")
-    proc: subprocess.Popen[Any] = start(tiny_model_dir, data, out, *slow)
+    proc: subprocess.Popen[Any] = start(tiny_model_dir, data, out, *slow, fault="worker_slow:300")
     with reaped(proc):
         wait_for_saved(out, 3, proc)  # type: ignore[arg-type]
         during = report(out, "--json")
