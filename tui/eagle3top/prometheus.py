@@ -41,6 +41,18 @@ _JOB_METRICS: list[tuple[str, str, str, object]] = [
     ),
     ("eagle3d_bytes_saved_total", "counter", "Bytes of sample files committed.", "bytes_saved"),
     ("eagle3d_tokens_saved_total", "counter", "Tokens in the samples committed.", "tokens_saved"),
+    (
+        "eagle3d_samples_truncated_total",
+        "counter",
+        "Samples saved cut to the job's max_length.",
+        "truncated",
+    ),
+    (
+        "eagle3d_tokens_dropped_total",
+        "counter",
+        "Tokens the truncated samples lost.",
+        "tokens_dropped",
+    ),
     ("eagle3d_samples", "gauge", "Samples in the job (shard); absent while unknown.", "total"),
     ("eagle3d_samples_in_flight", "gauge", "Samples sent, no dump yet.", "in_flight"),
     (
@@ -175,6 +187,10 @@ def exposition(doc: OnceDoc) -> str:
 
 
 def _hosts(out: _Out, doc: OnceDoc) -> None:
+    """The per-host metrics (disks, GPUs).
+
+    Long: a table of metrics (name, help, field) per host resource, then the loops that
+    write them; the table is most of it."""
     disk = [
         ("eagle3d_disk_total_bytes", "Size of the filesystem.", "total_bytes"),
         ("eagle3d_disk_free_bytes", "Bytes an unprivileged writer can still use.", "free_bytes"),
