@@ -346,6 +346,41 @@ def test_a_lock_held_by_another_users_process_is_no_live_daemon(
     runkit.assert_complete(out, set(range(200)), set())
 
 
+# -- 6. time --------------------------------------------------------------------------------------
+
+needs_faketime = pytest.mark.skipif(
+    shutil.which("faketime") is None, reason="needs libfaketime (apt-get install faketime)"
+)
+
+
+@needs_faketime
+def test_a_clock_set_back_never_hides_a_frozen_daemon(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The daemon frozen (SIGSTOP, its whole group) while it holds its lock; the monitor's
+    clock set back 1 h (libfaketime, never the machine's): UNKNOWN (exit 3), saying why,
+    never OK. Before: ``OK - running`` (ages were clamped at 0)."""
+    data, out, log = tmp_path / "data.jsonl", tmp_path / "out", tmp_path / "log"
+    _write(data, _lines(200, seed=11))
+    proc = runkit.start(tiny_model_dir, data, out, "--concurrency", "4", fault=SLOW, log=log)
+    with runkit.reaped(proc):
+        runkit.wait_for(lambda: len(runkit.records(out, "sample_saved")) >= 3, 120, "3 saves")
+        os.killpg(proc.pid, signal.SIGSTOP)
+        try:
+            once = [sys.executable, "-m", "eagle3top.cli", "--once", "--output", str(out)]
+            back = subprocess.run(
+                ["faketime", "-f", "-1h", *once],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            first = back.stdout.split("\n")[0]
+            assert back.returncode == 3 and "UNKNOWN" in first, back.stdout
+            assert "clock was set back" in back.stdout, back.stdout
+        finally:
+            os.killpg(proc.pid, signal.SIGCONT)
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 # -- 7. a worker's memory is not a sample's fault ---------------------------------------------
 
 
