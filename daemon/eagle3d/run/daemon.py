@@ -34,13 +34,14 @@ from eagle3proto.journal import JournalWriter
 from eagle3proto.paths import Shard
 
 from eagle3d import config
+from eagle3d.core import reshard
 from eagle3d.core.resume import ResumeFold, describe_counts, finish_code, outcome_words
 from eagle3d.core.sample import FAILED, PENDING, SAVED, SKIPPED
 from eagle3d.exitcodes import EXIT_INTERNAL, EXIT_OK, EXIT_PRODUCER, Fatal
 from eagle3d.produce.base import Producer
 from eagle3d.produce.factory import make_producer, starting_words
 from eagle3d.remote.threadnames import name_threads
-from eagle3d.run import diskguard, job, preflight, spacecheck
+from eagle3d.run import diskguard, job, layout, preflight, spacecheck
 from eagle3d.run import recorder as recording
 from eagle3d.run.assemble import Opened, Parts, Where, assemble, own_dump_dir, remove_if_empty
 from eagle3d.run.inbox import Hangup, Inbox, JournalFault, ProducerPort, ProducerState, Signalled
@@ -112,13 +113,15 @@ class Daemon:
         cfg = self.cfg
         preflight.check_model(cfg.model)
         preflight.check_dataset(cfg.dataset)
-        preflight.check_layout(self.output, self.shard)  # before anything is written
+        layout.check(self.output, self.shard)  # before anything is written
         preflight.check_output(self.output)
         with preflight.layout_lock(self.output):
-            preflight.check_layout(self.output, self.shard)  # a daemon of another layout won
+            # Again under the lock (a daemon of another layout may have won), and this
+            # shard's lock taken inside it: from then on no other layout can start.
+            others = layout.check(self.output, self.shard)
             os.makedirs(self.jdir, exist_ok=True)
-        self.lock = preflight.ShardLock(paths.lock_path(self.output, self.shard))
-        self.lock.acquire()
+            self.lock = preflight.ShardLock(paths.lock_path(self.output, self.shard))
+            self.lock.acquire()
         self.notifier.status("reading dataset and journal")
         facts = await asyncio.to_thread(job.describe, cfg, self.shard, self.output)
         self.status[:] = bytearray(facts.lines)
@@ -137,6 +140,13 @@ class Daemon:
         self.opened = Opened(facts, resume, journal.run_id, recorder, identity)
         for i in facts.blank:  # no samples: skipped, whatever an older version made of them
             self.status[i] = SKIPPED
+        facts.inherited = reshard.settle(self.status, self.shard, others)
+        facts.total -= facts.inherited
+        if others:
+            log.info("%s", layout.describe(others, self.shard, facts.inherited))
+            changed = layout.check_job(others, facts.job, cfg.force_resume)
+            if changed:
+                log.warning("taking over a changed job because of --force-resume (%s)", changed)
         reserve.make()
         forced = job.check_fingerprint(
             resume.last_started, facts.job, cfg.force_resume, self.output
@@ -185,8 +195,20 @@ class Daemon:
         pending, saved, failed = self._counts()
         if pending:
             return None
-        total, fraction = opened.facts.total, self.cfg.max_failed_fraction
+        facts = opened.facts
+        total, fraction = facts.total, self.cfg.max_failed_fraction
         code = finish_code(saved, failed, total, fraction)
+        if opened.resume.last_started is None:  # a new layout's shard, its rows all settled
+            started = ev.RunStarted(
+                job=facts.job,
+                total=total,
+                pid=os.getpid(),
+                host=socket.gethostname(),
+                skipped=len(facts.blank),
+                dataset_pinned=True,
+                inherited=facts.inherited,
+            )
+            opened.recorder.append(started)
         if not opened.resume.finished_last:
             opened.recorder.append(ev.RunFinished(saved=saved, failed=failed, exit_code=code))
         counts = describe_counts(saved, failed, total)
@@ -222,6 +244,7 @@ class Daemon:
             already_failed=failed,
             skipped=len(facts.blank),
             dataset_pinned=True,
+            inherited=facts.inherited,
         )
         if not rec.append(started):
             raise Fatal(EXIT_INTERNAL, f"the journal in {self.jdir} refused run_started")

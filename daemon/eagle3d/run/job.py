@@ -41,6 +41,7 @@ class JobFacts:
     blank: list[int]  # ids of this shard's blank lines: skipped
     fmt: Any = None  # the dataset's dataformats.Format
     pin: Any = None  # the dataset as found at the start (ingest.pin.Pin)
+    inherited: int = 0  # rows of this shard another layout's journal settled: not in total
 
 
 def describe(cfg: config.JobConfig, shard: Shard, output: str) -> JobFacts:
