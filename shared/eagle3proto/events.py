@@ -40,7 +40,9 @@ class JobInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
     dataset: str = ""
     dataset_bytes: int = 0
     dataset_sha: str = ""
-    aux_layers: list[int] = []
+    aux_layers: list[int] = []  # the captured layers (eagle3d.remote.recipes' convention)
+    #: The drafter recipe (eagle3d.remote.recipes); '' = eagle3, as in journals before it.
+    recipe: str = ""
     output: str = ""
     shard_index: int = 0
     shard_count: int = 1

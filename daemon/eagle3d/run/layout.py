@@ -15,6 +15,7 @@ from eagle3proto.journalread import replay
 from eagle3proto.paths import Shard
 
 from eagle3d.core.reshard import OtherJournal, refusal
+from eagle3d.core.sample import PENDING
 from eagle3d.exitcodes import EXIT_FINGERPRINT, EXIT_LAYOUT, Fatal
 from eagle3d.run import job, preflight
 
@@ -78,6 +79,11 @@ def check_job(others: list[OtherJournal], new: ev.JobInfo, force: bool) -> str:
     )
 
 
+def pending(status: bytearray, shard: Shard) -> bool:
+    """Whether a row of ``shard`` is still to do."""
+    return any(status[i] == PENDING for i in range(shard.index, len(status), shard.count))
+
+
 def describe(others: list[OtherJournal], shard: Shard, taken: int) -> str:
     """One log line on a layout change ('' when the output holds no other layout)."""
     if not others:
@@ -92,4 +98,4 @@ def describe(others: list[OtherJournal], shard: Shard, taken: int) -> str:
     )
 
 
-__all__ = ["check", "check_job", "describe", "survey"]
+__all__ = ["check", "check_job", "describe", "pending", "survey"]

@@ -374,6 +374,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="store_true",
         help="journal damaged or missing samples as invalid so that the next run redoes them",
     )
+    p.add_argument(
+        "--reference",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also recompute N samples spread over the output with a plain Hugging Face"
+        " forward and compare every tensor within the stored dtype's tolerance (exit 1 on a"
+        " mismatch, which names the tensor, layer and tolerance)",
+    )
+    p.add_argument("--model", default="", help="the model for --reference (default: the job's)")
     p.set_defaults(func=cmd_verify)
 
 
@@ -387,6 +397,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
         print(report)
     if not report.shards:
         print(f"no eagle3d journal under {args.output}/{paths.STATE_DIR}", file=sys.stderr)
+    if args.reference > 0 and report.shards:
+        from eagle3d.tools import reference
+
+        code = reference.run(args.output, args.reference, args.model, args.json)
+        return max(report.exit_code, code)
     return report.exit_code
 
 
