@@ -153,3 +153,51 @@ def test_tolerances_follow_the_stored_dtype() -> None:
     assert reference.tolerance("fp8").per_token
     assert reference.spread(10, 3) == [0, 4, 9] or reference.spread(10, 3) == [0, 5, 9]
     assert reference.spread(2, 5) == [0, 1]
+
+
+@pytest.fixture(scope="module")
+def dspark_job(dflash_job: dict[str, Any]) -> Path:
+    out = dflash_job["out"].parent / "dspark"
+    args = ("--recipe", "dspark", "--layers", "1,3,5,7,9")  # bfloat16 stored (the default)
+    r = runkit.run(dflash_job["model"], dflash_job["data"], out, *args)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out
+
+
+def export(out: Path, to: Path, fmt: str) -> None:
+    cmd = [sys.executable, "-m", "eagle3d", "export", "-o", str(out), "--to", str(to)]
+    r = subprocess.run(
+        [*cmd, "--format", fmt], env=runkit.ENV, capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("recipe", ["dflash", "dspark"])
+def test_exports_give_each_trainer_its_recipes_record(
+    recipe: str, dflash_job: dict[str, Any], dspark_job: Path, tmp_path: Path
+) -> None:
+    from safetensors.torch import load_file
+
+    src = dflash_job["out"] if recipe == "dflash" else dspark_job
+    export(src, tmp_path / "sf", "specforge")
+    export(src, tmp_path / "sp", "speculators")
+    ds = HiddenStates(src)
+    assert ds.recipe == recipe
+    files = {int(f.stem.removeprefix("data_")): f for f in (tmp_path / "sf").rglob("*.ckpt")}
+    assert sorted(files) == [e.idx for e in ds.entries]
+    for k in range(len(ds)):
+        item = ds[k]
+        d = torch.load(files[item["idx"]], weights_only=True)
+        want = recipes.get(recipe).record(
+            item["input_ids"], item["loss_mask"], item["aux_hidden_state"], item["hidden_state"]
+        )
+        assert list(d) == list(want)  # SpecForge v0.3.0's keys, in its writer's order
+        for key in want:
+            assert torch.equal(d[key], want[key]), key
+        if recipe == "dspark":
+            assert d["target_last_hidden_states"].shape == item["hidden_state"].shape
+        # speculators: [T, layers + 1, H], the five layers then the last state.
+        hs = load_file(str(tmp_path / "sp" / "hidden_states" / f"hs_{k}.safetensors"))
+        t, h = item["hidden_state"].shape[1:]
+        assert hs["hidden_states"].shape == (t, len(LAYERS) + 1, h)
+        assert torch.equal(hs["hidden_states"][:, :-1].flatten(1), item["aux_hidden_state"][0])

@@ -13,8 +13,6 @@ difference and the tolerance.
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,6 +74,8 @@ class ReferenceReport:
         }
 
     def __str__(self) -> str:
+        if not self.checked:
+            return "reference: no committed sample to recompute"
         head = (
             f"reference: {len(self.checked)} sample(s), {self.tensors} tensor(s) recomputed "
             f"with a plain Hugging Face forward; largest difference {self.worst:.3g} "
@@ -175,15 +175,3 @@ def _compare(got: Any, want: Any, tol: Tolerance, report: ReferenceReport) -> st
         f"max |difference| {worst:.3g} (first over tolerance at token {t}), "
         f"over tolerance ({tol}) by {excess:.3g}"
     )
-
-
-def run(output: str, n: int, model: str = "", as_json: bool = False) -> int:
-    """The ``verify --reference`` command: 0 when every tensor agrees, 1 otherwise."""
-    report = check_reference(output, n, model)
-    if as_json:
-        print(json.dumps(report.to_dict(), indent=2))
-    else:
-        print(report)
-    if not report.checked:
-        print(f"{os.path.abspath(output)}: no committed sample to recompute")
-    return 0 if report.ok else 1

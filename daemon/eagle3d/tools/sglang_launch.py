@@ -137,10 +137,13 @@ def _layers(text: str) -> list[int]:
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
+        "--layers",
         "--aux-layers",
+        dest="aux_layers",
         type=_layers,
         default=None,
-        help="layer ids a,b,c (default: the model's EAGLE-3 default [2, L//2, L-3])",
+        help="layer ids L1,L2,... the job captures, any number (eagle3d run's --layers; default:"
+        " the model's EAGLE-3 default [2, L//2, L-3])",
     )
     p.add_argument(
         "--dump-dir",

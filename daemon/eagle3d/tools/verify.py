@@ -391,17 +391,24 @@ def cmd_verify(args: argparse.Namespace) -> int:
     report = verify(args.output, quick=args.quick, jobs=args.jobs)
     if args.repair and report.damaged:
         repair(report)
-    if args.json:
-        sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")
-    else:
-        print(report)
-    if not report.shards:
-        print(f"no eagle3d journal under {args.output}/{paths.STATE_DIR}", file=sys.stderr)
+    ref = None
     if args.reference > 0 and report.shards:
         from eagle3d.tools import reference
 
-        code = reference.run(args.output, args.reference, args.model, args.json)
-        return max(report.exit_code, code)
+        ref = reference.check_reference(args.output, args.reference, args.model)
+    if args.json:
+        doc = report.to_dict()
+        if ref is not None:
+            doc["reference"] = ref.to_dict()
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    else:
+        print(report)
+        if ref is not None:
+            print(ref)
+    if not report.shards:
+        print(f"no eagle3d journal under {args.output}/{paths.STATE_DIR}", file=sys.stderr)
+    if ref is not None and not ref.ok:
+        return max(report.exit_code, 1)
     return report.exit_code
 
 
