@@ -206,6 +206,16 @@ def test_a_4_shard_job_resharded_to_3_then_6_exactly_once(
     assert (doc["state"], doc["_rc"]) == ("finished", 0), doc["reason"]
     assert (doc["saved"], doc["failed"], doc["remaining"]) == (len(valid), len(bad), 0)
     assert doc["total"] == len(valid) + len(bad)
+    r = subprocess.run(
+        [sys.executable, "-m", "eagle3d", "report", "-o", str(out), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    tot = json.loads(r.stdout)["total"]
+    assert (tot["saved"], tot["failed"], tot["left"]) == (len(valid), len(bad), 0), tot
+    assert tot["total"] == len(valid) + len(bad)
 
 
 def _once(out: Path) -> dict[str, Any]:
