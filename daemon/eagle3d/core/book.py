@@ -12,6 +12,7 @@ from eagle3proto import events as ev
 
 from eagle3d.core import effects as fx
 from eagle3d.core.envfault import EnvFault, Verdict
+from eagle3d.core.messages import Msg, ProducerReport
 from eagle3d.core.pauses import Pauses
 from eagle3d.core.resume import describe_counts
 from eagle3d.core.sample import FAILED, SAVED, SENT, Ended, Rejected, Request, Sample
@@ -71,6 +72,10 @@ class Book:
         self.retry_commits: list[Sample] = []  # commits waiting for a pause to end
         self.unrecorded: dict[int, ev.SampleFailed] = {}  # failures the journal refused
         self.pauses = Pauses()  # the paused areas
+        self.announced = False  # run_started is in the journal
+        self.running = False  # the producer is up: requests may be sent
+        self.early: list[ProducerReport] = []  # the producer's reports before run_started
+        self.held: list[Msg] = []  # what came before the producer was up, handled once it is
         self.stopping = ""  # why the run stops, '' while it does not
         self.lost = ""  # the output is not where it was: what happened
         self.feed_done = False
@@ -138,7 +143,7 @@ class Book:
 
     def _pump(self, now: float) -> None:
         """Send what the window allows: samples sent again first, then the feeder's rows."""
-        while not (self.done or self.stopping or self.paused) and self.room():
+        while self.running and not (self.done or self.stopping or self.paused) and self.room():
             if self.requeue:
                 self._send(self.requeue.popleft(), now)
                 continue
@@ -188,34 +193,13 @@ class Book:
         self.inflight.pop(p.rid, None)
         p.stage = 0
         if self.stopping:
-            self._emit(
-                fx.Record(
-                    ev.SampleFailed(
-                        idx=p.idx,
-                        error=error,
-                        message=f"{message} (during the stop: pending for the next run)",
-                        attempt=p.attempt,
-                        retry=True,
-                        environment=True,
-                    )
-                )
-            )
+            message = f"{message} (during the stop: pending for the next run)"
+            self._emit(fx.Record(_failed(p, error, message, retry=True, environment=True)))
             self.by_idx.pop(p.idx, None)
             self._check_done()
             return
         if not verdict.counted:
-            self._emit(
-                fx.Record(
-                    ev.SampleFailed(
-                        idx=p.idx,
-                        error=error,
-                        message=message,
-                        attempt=p.attempt,
-                        retry=True,
-                        environment=True,
-                    )
-                )
-            )
+            self._emit(fx.Record(_failed(p, error, message, retry=True, environment=True)))
             self._log(
                 WARNING,
                 f"sample {p.idx}: {error}: {message}; not the sample's fault ({verdict.why}): sent again, no attempt counted",
@@ -226,13 +210,7 @@ class Book:
                 self._pause(verdict.pause, now)
             return
         retry = p.attempt < self.rules.max_attempts
-        self._emit(
-            fx.Record(
-                ev.SampleFailed(
-                    idx=p.idx, error=error, message=message, attempt=p.attempt, retry=retry
-                )
-            )
-        )
+        self._emit(fx.Record(_failed(p, error, message, retry=retry)))
         if retry:
             self._log(
                 WARNING, f"sample {p.idx} attempt {p.attempt} failed ({error}: {message}); retrying"
@@ -294,3 +272,17 @@ class Book:
     def _set_done(self) -> None:
         self.done = True
         self._emit(fx.Done(self.exit_code))
+
+
+def _failed(
+    p: Sample, error: str, message: str, *, retry: bool, environment: bool = False
+) -> ev.SampleFailed:
+    """The ``sample_failed`` record of ``p``'s attempt."""
+    return ev.SampleFailed(
+        idx=p.idx,
+        error=error,
+        message=message,
+        attempt=p.attempt,
+        retry=retry,
+        environment=environment,
+    )

@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from eagle3d.tools.logsetup import setup_logging
+    from eagle3d.serve.logsetup import setup_logging
 
     setup_logging()
     try:

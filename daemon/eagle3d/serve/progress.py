@@ -106,7 +106,7 @@ class ProgressLine:
     @classmethod
     def for_daemon(cls) -> ProgressLine:
         """Live on the terminal the daemon's log goes to, else log lines (journald)."""
-        from eagle3d.tools.logsetup import terminal_console
+        from eagle3d.serve.logsetup import terminal_console
 
         return cls(console=terminal_console())
 
