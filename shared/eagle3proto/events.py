@@ -77,6 +77,9 @@ class RunStarted(Event, tag="run_started"):
     # only when its holder is this process (eagle3proto.locks).
     pid_start: int = 0
     boot_id: str = ""
+    #: rows of this shard that a journal of another shard count settled (saved or failed
+    #: for good) before this session: theirs, not counted in total (docs/slurm.md)
+    inherited: int = 0
 
 
 class SampleSent(Event, tag="sample_sent"):

@@ -39,13 +39,14 @@ from eagle3proto.paths import Shard
 
 from eagle3d import config
 from eagle3d.core import messages as m
+from eagle3d.core import reshard
 from eagle3d.core.resume import ResumeFold
 from eagle3d.core.sample import SAVED, SKIPPED
 from eagle3d.exitcodes import EXIT_INTERNAL, EXIT_OUTPUT, EXIT_PRODUCER, Fatal
 from eagle3d.produce.base import Producer
 from eagle3d.produce.factory import make_producer, starting_words
 from eagle3d.remote.threadnames import name_threads
-from eagle3d.run import capture, diskguard, job, preflight, spacecheck
+from eagle3d.run import capture, diskguard, job, layout, preflight, spacecheck
 from eagle3d.run import recorder as recording
 from eagle3d.run.assemble import (
     Opened,
@@ -149,12 +150,14 @@ class Daemon:
         cfg = self.cfg
         preflight.check_model(cfg.model)
         preflight.check_dataset(cfg.dataset)
-        preflight.check_layout(self.output, self.shard)  # before anything is written
+        layout.check(self.output, self.shard)  # before anything is written
         preflight.check_output_reachable(self.output)
         self.notifier.status("reading dataset")
         facts = await asyncio.to_thread(job.describe, cfg, self.shard, self.output)
-        self.fresh = not os.path.isdir(self.jdir)
-        if self.fresh and not cfg.no_space_check:  # a new job's rows are all pending
+        # A new job (no journal of any layout): every row pending, so the space check can
+        # refuse before anything is written. A resumed or resharded one is checked later.
+        self.fresh = not paths.shard_dirs(self.output)
+        if self.fresh and not cfg.no_space_check:
             status = bytearray(facts.lines)
             for i in facts.blank:
                 status[i] = SKIPPED
@@ -162,10 +165,12 @@ class Daemon:
             await asyncio.to_thread(spacecheck.check_space, *args)
         preflight.check_output(self.output)
         with preflight.layout_lock(self.output):
-            preflight.check_layout(self.output, self.shard)  # a daemon of another layout won
+            # Again under the lock (a daemon of another layout may have won), and this
+            # shard's lock taken inside it: from then on no other layout can start.
+            others = layout.check(self.output, self.shard)
             preflight.make_dirs(self.jdir)
-        lock = preflight.ShardLock(paths.lock_path(self.output, self.shard))
-        lock.acquire()
+            lock = preflight.ShardLock(paths.lock_path(self.output, self.shard))
+            lock.acquire()
         stack.callback(lock.release)
         self.notifier.status("reading the journal")
         self.status[:] = bytearray(facts.lines)
@@ -189,6 +194,17 @@ class Daemon:
         if problem:
             raise Fatal(EXIT_OUTPUT, problem)
         reserve.make()
+        if others:  # the shard count changed: what other layouts settled stays theirs
+            facts.inherited = reshard.settle(self.status, self.shard, others)
+            facts.total -= facts.inherited
+            log.info("%s", layout.describe(others, self.shard, facts.inherited))
+            changed = layout.check_job(others, facts.job, cfg.force_resume)
+            if changed:
+                log.warning("taking over a changed job because of --force-resume (%s)", changed)
+            if resume.last_started is None and not layout.pending(self.status, self.shard):
+                # Nothing left for this new shard: a session that does nothing, so that
+                # readers see the shard (its total) before the ledger's run_finished.
+                recorder.append(self._started(facts, session=1, sock="", saved=0, failed=0))
         forced = job.check_fingerprint(
             resume.last_started, facts.job, cfg.force_resume, self.output
         )
@@ -270,20 +286,7 @@ class Daemon:
                 shown,
             )
         saved, failed = p.ledger.counts()
-        started = ev.RunStarted(
-            job=facts.job,
-            total=facts.total,
-            session=p.ledger.session,
-            pid=os.getpid(),
-            pid_start=locks.start_time(os.getpid()),
-            boot_id=locks.boot_id(),
-            host=socket.gethostname(),
-            socket=sock,
-            already_saved=saved,
-            already_failed=failed,
-            skipped=len(facts.blank),
-            dataset_pinned=True,
-        )
+        started = self._started(facts, p.ledger.session, sock, saved, failed)
         if not rec.append(started):
             raise Fatal(EXIT_INTERNAL, f"the journal in {self.jdir} refused run_started")
         p.handle(m.Announced(), time.monotonic())
@@ -299,6 +302,26 @@ class Daemon:
         if facts.blank:
             log.info("%d blank line(s) of %s skipped (no samples)", len(facts.blank), cfg.dataset)
         return sock
+
+    @staticmethod
+    def _started(
+        facts: job.JobFacts, session: int, sock: str, saved: int, failed: int
+    ) -> ev.RunStarted:
+        return ev.RunStarted(
+            job=facts.job,
+            total=facts.total,
+            session=session,
+            pid=os.getpid(),
+            pid_start=locks.start_time(os.getpid()),
+            boot_id=locks.boot_id(),
+            host=socket.gethostname(),
+            socket=sock,
+            already_saved=saved,
+            already_failed=failed,
+            skipped=len(facts.blank),
+            dataset_pinned=True,
+            inherited=facts.inherited,
+        )
 
     async def _start_and_run(
         self, stack: Stack, p: Pipeline, ticker: Ticker, start: ProducerStart
