@@ -150,19 +150,7 @@ class Daemon:
         cfg = self.cfg
         preflight.check_model(cfg.model)
         preflight.check_dataset(cfg.dataset)
-        layout.check(self.output, self.shard)  # before anything is written
-        preflight.check_output_reachable(self.output)
-        self.notifier.status("reading dataset")
-        facts = await asyncio.to_thread(job.describe, cfg, self.shard, self.output)
-        # A new job (no journal of any layout): every row pending, so the space check can
-        # refuse before anything is written. A resumed or resharded one is checked later.
-        self.fresh = not paths.shard_dirs(self.output)
-        if self.fresh and not cfg.no_space_check:
-            status = bytearray(facts.lines)
-            for i in facts.blank:
-                status[i] = SKIPPED
-            args = (cfg, facts, self.shard, self.output, status)
-            await asyncio.to_thread(spacecheck.check_space, *args)
+        facts = await self._refusals()
         preflight.check_output(self.output)
         with preflight.layout_lock(self.output):
             # Again under the lock (a daemon of another layout may have won), and this
@@ -214,6 +202,25 @@ class Daemon:
         if forced:
             log.warning("resuming with a changed model (%s) because of --force-resume", forced)
         return Opened(facts, resume, journal.run_id, recorder, identity)
+
+    async def _refusals(self) -> job.JobFacts:
+        """Every check that can refuse a new job, before anything is written under the
+        output; the job's facts."""
+        cfg = self.cfg
+        layout.check(self.output, self.shard)
+        preflight.check_output_reachable(self.output)
+        self.notifier.status("reading dataset")
+        facts = await asyncio.to_thread(job.describe, cfg, self.shard, self.output)
+        # A new job (no journal of any layout): every row pending, so the space check can
+        # refuse now. A resumed or resharded one is checked once its journal is read.
+        self.fresh = not paths.shard_dirs(self.output)
+        if self.fresh and not cfg.no_space_check:
+            status = bytearray(facts.lines)
+            for i in facts.blank:
+                status[i] = SKIPPED
+            args = (cfg, facts, self.shard, self.output, status)
+            await asyncio.to_thread(spacecheck.check_space, *args)
+        return facts
 
     def _row_folders(self) -> tuple[list[str], set[str]]:
         """(this shard's row folders, those holding samples the journal says are saved)."""
