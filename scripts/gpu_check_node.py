@@ -156,7 +156,6 @@ def main() -> int:
         bare = bare_rate(model, samples, device, dtype)
         out["bare_tokens_s"] = bare
         log(f"bare loop: {bare:,.0f} tokens/s ({sum(lengths):,} tokens)")
-        bp.ENV["EAGLE3D_WORKER_ZYGOTE"] = "0" if not a.dry_run else "1"
         shm = tempfile.mkdtemp(prefix="gpu-check-node-", dir="/dev/shm")
         for fmt in a.formats.split(","):
             per_token = file_bytes_per_token(samples, shape["hidden"], fmt)
@@ -164,10 +163,7 @@ def main() -> int:
             disk = bp.dd_rate(work, nbytes, "oflag=direct") * 1e6
             disk_tokens = disk / per_token
             args = ["--backend", "hf", "--store-dtype", fmt, "--batch-tokens", str(a.batch_tokens)]
-            if not a.dry_run:
-                args += ["--device", "cuda", "--dtype", dtype, "--workers", "1"]
-            else:
-                args += ["--device", "cpu", "--dtype", dtype, "--workers", "1"]
+            args += ["--device", device, "--dtype", dtype, "--workers", "1"]
             run = bp.run_daemon(model, str(data), work / f"out-{fmt}", *args, dumps=shm)
             shutil.rmtree(work / f"out-{fmt}", ignore_errors=True)
             limit = min(bare, disk_tokens)

@@ -7,8 +7,9 @@ A dump is a safetensors file ``<dump_dir>/<rid>.e3dump`` holding
 * ``hidden_state`` ``[T, H]`` - the final, post-norm state,
 
 (and, for fp8 states already in the stored format, ``F8_E4M3`` states with their float32
-``aux_hidden_state_scale`` and ``hidden_state_scale`` ``[T, 1]``), with string metadata ``format`` (``eagle3-dump-v1``), ``rid``, ``layers`` ("2,16,29") and
-``dtype``. The two states share one float dtype (F32, BF16 or F16), which ``dtype`` names:
+``aux_hidden_state_scale`` and ``hidden_state_scale`` ``[T, 1]``), with string metadata
+``format`` (``eagle3-dump-v1``), ``rid``, ``layers`` ("2,16,29") and ``dtype``. The two
+states share one float dtype (F32, BF16, F16, or F8_E4M3 with scales), which ``dtype`` names:
 the job's storage dtype (:mod:`eagle3d.remote.storedtype`) when the producer was told it (the HF
 worker always is, the SGLang hook when its config has ``store_dtype``), the compute dtype
 otherwise; the commit casts a dump in another dtype than the job's. It is written to ``.<rid>.e3dump.tmp`` and renamed into place when complete, so
