@@ -72,6 +72,9 @@ class RunStarted(Event, tag="run_started"):
     # The session reads the dataset pinned (a changed file stops it; no line is ever cut
     # short by a file that ended early). An older version's bad_json failures are retried.
     dataset_pinned: bool = False
+    #: rows of this shard that a journal of another shard count settled (saved or failed
+    #: for good) before this session: theirs, not counted in total (docs/slurm.md)
+    inherited: int = 0
 
 
 class SampleSent(Event, tag="sample_sent"):

@@ -37,6 +37,7 @@ from .model import (
     Health,
     Row,
     health,
+    mark_layouts,
     rank,
 )
 
@@ -95,6 +96,7 @@ class Report:
         r = cls()
         if not rows:
             r.unknown.append("no socket and no journal found")
+        mark_layouts(rows)  # a journal closed by a change of N is judged as the job counts it
         for row in rows:
             r.add(row, now, prefix=len(rows) > 1)
         return r

@@ -43,6 +43,7 @@ class JobFacts:
     fmt: Any = None  # the dataset's dataformats.Format
     pin: Any = None  # the dataset as found at the start (ingest.pin.Pin)
     capture: dict[str, Any] | None = None  # the capture contract (eagle3d.run.capture)
+    inherited: int = 0  # rows of this shard another layout's journal settled: not in total
 
 
 def describe(cfg: config.JobConfig, shard: Shard, output: str) -> JobFacts:
