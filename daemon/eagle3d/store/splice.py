@@ -51,19 +51,19 @@ _SCALED_NAMES = _NAMES | {"aux_hidden_state" + SCALE_SUFFIX, "hidden_state" + SC
 
 
 class Seam:
-    """What the fast path did to the states of the dumps it staged, by kind: ``as_is``
-    (already in the stored format: bytes moved, nothing converted), ``cast`` (a state cast
-    to the stored dtype), ``quantized`` (a dump quantized to fp8 here). Counted so that a
-    test (and a benchmark) can tell that a dump in the stored format is never converted
-    twice; thread-safe."""
+    """What the fast path did to each state tensor (two per dump) of the dumps it staged,
+    by kind: ``as_is`` (already in the stored format: bytes moved, nothing converted),
+    ``cast`` (cast to the stored dtype), ``quantized`` (quantized to fp8 here). Counted so
+    that a test (and a benchmark) can tell that a dump in the stored format is never
+    converted twice; thread-safe."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.counts: dict[str, int] = {}
 
-    def add(self, kind: str) -> None:
+    def add(self, kind: str, n: int = 1) -> None:
         with self._lock:
-            self.counts[kind] = self.counts.get(kind, 0) + 1
+            self.counts[kind] = self.counts.get(kind, 0) + n
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:
@@ -119,7 +119,6 @@ def stage(
         if aux[1] != (t, len(layers) * hidden_size) or hid[1] != (t, hidden_size):
             return None
         if store is not None and store.scaled:
-            SEAM.add("quantized")
             return _stage_scaled(fd, h, sent_ids, loss_mask, hidden_size, len(layers), buf, limit)
         code = store.safetensors if store is not None else hid[0]
         if code not in _STATES:
@@ -136,27 +135,21 @@ def stage(
             return None
         view = buf.view(plan.total)
         ckpt.fill(plan, view)
-        (ids_at, n_ids), (mask_at, _), (hid_at, n_hid), (aux_at, n_aux) = plan.slots
-        *_, begin, end = ids
-        if end - begin != n_ids or os.preadv(fd, [view[ids_at : ids_at + n_ids]], begin) != n_ids:
+        _, _, (hid_at, n_hid), (aux_at, n_aux) = plan.slots
+        if not _put_ids(fd, view, plan.slots, ids, sent_ids, loss_mask):
             return None
-        if bytes(view[ids_at : ids_at + n_ids]) != array("q", sent_ids).tobytes():
-            return None
-        view[mask_at : mask_at + 8 * t] = memoryview(array("q", loss_mask)).cast("B")
         crcs: dict[int, int] = {}
         for (src, *_, begin, end), at, n in ((hid, hid_at, n_hid), (aux, aux_at, n_aux)):
+            SEAM.add("as_is" if src == code else "cast")
             if src == code:
                 crc = _read_checked(fd, begin, end, view[at : at + n], code)
                 if crc is None:
                     return None
                 crcs[at] = crc
             else:
-                SEAM.add("cast")
                 slot = view[at : at + n]
                 if not _read_cast(fd, begin, end, src, slot, code) or not finite(slot, code):
                     return None
-        if hid[0] == code:
-            SEAM.add("as_is")
         return Staged(view, ckpt.seal(plan, view, crcs))
     except BadDump:  # a garbled header: the general path words it
         return None
@@ -175,6 +168,7 @@ def _stage_scaled(
     limit: int,
 ) -> Staged | None:
     """:func:`stage` for the fp8 format: the states quantized within the read."""
+    SEAM.add("quantized", 2)
     t = len(sent_ids)
     ids, aux, hid = (h.tensors[k] for k in ("input_ids", "aux_hidden_state", "hidden_state"))
     plan = ckpt.plan(fp8_spec(t, hidden_size, n_layers))
@@ -230,13 +224,9 @@ def _stage_as_is(
         return None
     view = buf.view(plan.total)
     ckpt.fill(plan, view)
-    (ids_at, n_ids), (mask_at, _), *states = plan.slots
-    *_, begin, end = ids
-    if end - begin != n_ids or os.preadv(fd, [view[ids_at : ids_at + n_ids]], begin) != n_ids:
+    _, _, *states = plan.slots
+    if not _put_ids(fd, view, plan.slots, ids, sent_ids, loss_mask):
         return None
-    if bytes(view[ids_at : ids_at + n_ids]) != array("q", sent_ids).tobytes():
-        return None
-    view[mask_at : mask_at + 8 * t] = memoryview(array("q", loss_mask)).cast("B")
     crcs: dict[int, int] = {}
     for (*_, begin, end), (at, n), code in zip(
         (hid, aux, hs, as_), states, ("F8_E4M3", "F8_E4M3", "F32", "F32"), strict=True
@@ -248,8 +238,28 @@ def _stage_as_is(
     for at, n in states[2:]:
         if not _positive(view[at : at + n]):
             return None
-    SEAM.add("as_is")
+    SEAM.add("as_is", 2)
     return Staged(view, ckpt.seal(plan, view, crcs))
+
+
+def _put_ids(
+    fd: int,
+    view: memoryview,
+    slots: tuple[tuple[int, int], ...],
+    ids: Any,
+    sent_ids: list[int],
+    loss_mask: list[int],
+) -> bool:
+    """Read the dump's ids (header entry ``ids``) into their slot and the loss mask into
+    its own; False on a short read or ids that differ from what was sent."""
+    (ids_at, n_ids), (mask_at, _) = slots[:2]
+    *_, begin, end = ids
+    if end - begin != n_ids or os.preadv(fd, [view[ids_at : ids_at + n_ids]], begin) != n_ids:
+        return False
+    if bytes(view[ids_at : ids_at + n_ids]) != array("q", sent_ids).tobytes():
+        return False
+    view[mask_at : mask_at + 8 * len(sent_ids)] = memoryview(array("q", loss_mask)).cast("B")
+    return True
 
 
 def _positive(raw: Any) -> bool:
