@@ -47,6 +47,7 @@ class JobFacts:
     fmt: Format  # the dataset's format
     pin: Pin | None = None  # the dataset as found at the start
     capture: dict[str, Any] | None = None  # the capture contract (eagle3d.run.capture)
+    inherited: int = 0  # rows of this shard another layout's journal settled: not in total
 
 
 def describe(cfg: config.JobConfig, shard: Shard, output: str) -> JobFacts:

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from eagle3proto import events as ev
-from eagle3proto import paths
+from eagle3proto import layouts, paths
 from eagle3proto.journal import JournalWriter
 from eagle3proto.journalread import replay
 from eagle3proto.paths import Shard
@@ -46,6 +46,15 @@ class ShardReport:
     journal_problems: list[str] = field(default_factory=list)
     journal_fatal: bool = False
     store_dtype: str = ""  # of the shard's samples; "a, b" after a forced resume changed it
+    started_ts: float = 0.0  # its last run_started
+    #: the shard count that took over the rest of its rows (0: its layout is the current one)
+    closed_by: int = 0
+
+    @property
+    def pending(self) -> int | None:
+        if self.closed_by:
+            return 0
+        return max(self.total - self.saved - self.failed, 0) if self.total >= 0 else None
 
 
 @dataclass(slots=True)
@@ -60,22 +69,34 @@ class VerifyReport:
     #: sample id -> its problem, for the committed samples found damaged or missing
     damaged: dict[int, str] = field(default_factory=dict)
     saved_records: dict[int, ev.SampleSaved] = field(default_factory=dict)
+    saved_by: dict[int, Shard] = field(default_factory=dict)  # the journal that saved each
     repaired: list[str] = field(default_factory=list)  # what --repair did
     repair_error: str = ""
 
     @property
+    def all_failed(self) -> bool:
+        """Every sample the journals hold failed: nothing was saved."""
+        saved, failed = sum(s.saved for s in self.shards), sum(s.failed for s in self.shards)
+        return saved == 0 and failed > 0
+
+    @property
     def ok(self) -> bool:
-        if not self.shards or self.repaired or self.repair_error:
+        if not self.shards or self.repaired or self.repair_error or self.all_failed:
             return False
         return not self.problems and not any(s.journal_fatal for s in self.shards)
 
     @property
     def exit_code(self) -> int:
         """0: consistent; 1: a problem was found (repaired or not); 2: no journal under
-        the output."""
+        the output; 3: consistent, but every sample failed (nothing saved)."""
         if not self.shards:
             return 2
-        return 0 if self.ok else 1
+        if self.ok:
+            return 0
+        inconsistent = self.problems or any(s.journal_fatal for s in self.shards)
+        if self.all_failed and not inconsistent and not self.repaired and not self.repair_error:
+            return 3
+        return 1
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -95,8 +116,9 @@ class VerifyReport:
                     "total": s.total,
                     "saved": s.saved,
                     "failed": s.failed,
-                    "pending": max(s.total - s.saved - s.failed, 0) if s.total >= 0 else None,
+                    "pending": s.pending,
                     "finished": s.finished,
+                    "closed_by": s.closed_by or None,
                     "store_dtype": s.store_dtype,
                     "journal_problems": s.journal_problems,
                 }
@@ -111,8 +133,10 @@ class VerifyReport:
             lines.append("NOTHING TO VERIFY")
             return "\n".join(lines)
         for s in self.shards:
-            pending = max(s.total - s.saved - s.failed, 0)
-            state = "finished" if s.finished else f"{pending} pending"
+            if s.closed_by:
+                state = f"closed: the rest of its rows went to the {s.closed_by}-shard layout"
+            else:
+                state = "finished" if s.finished else f"{s.pending or 0} pending"
             stored = f", states {s.store_dtype}" if s.store_dtype else ""
             lines.append(
                 f"  {s.shard}: {s.saved} saved, {s.failed} failed of {s.total} ({state}{stored})"
@@ -132,6 +156,13 @@ class VerifyReport:
             lines.extend(f"    {r}" for r in self.repaired[:50])
             lines.append("  rerun the same `eagle3d run` command to extract them again")
             lines.append("REPAIRED")
+        elif self.exit_code == 3:
+            failed = sum(s.failed for s in self.shards)
+            lines.append(
+                f"  every sample failed ({failed}): nothing was saved"
+                f" (eagle3d report -o {self.output} lists why)"
+            )
+            lines.append("NOTHING SAVED")
         else:
             lines.append("OK" if self.ok else "INCONSISTENT")
         return "\n".join(lines)
@@ -233,6 +264,7 @@ class _ShardFold:
             elif isinstance(e, ev.RunStarted):
                 self.sr.total = e.total
                 self.sr.finished = False
+                self.sr.started_ts = e.ts
                 self.store = e.job.store_dtype
             elif isinstance(e, ev.RunFinished):
                 self.sr.finished = True
@@ -243,8 +275,10 @@ def verify(output: str, *, quick: bool = False, jobs: int = 4) -> VerifyReport:
     report = VerifyReport(os.path.abspath(output))
     saved: dict[int, ev.SampleSaved] = {}
     stores: dict[int, str] = {}
+    shards: list[tuple[Shard, ShardReport]] = []
     for shard, jdir in paths.shard_dirs(output):
         sr = ShardReport(shard.name)
+        shards.append((shard, sr))
         fold = _ShardFold(sr, report.problems)
         rep = replay(jdir, fold.sink)
         sr.journal_problems = [p.describe() for p in rep.problems]
@@ -260,11 +294,16 @@ def verify(output: str, *, quick: bool = False, jobs: int = 4) -> VerifyReport:
             if idx in saved:
                 report.problems.append(f"sample {idx}: saved by more than one shard")
         saved.update(shard_saved)
+        report.saved_by.update(dict.fromkeys(shard_saved, shard))
         stores.update(fold.stores)
         sr.store_dtype = ", ".join(sorted({fold.stores[i] for i in shard_saved} - {""}))
         sr.saved = len(shard_saved)
         sr.failed = len(failed - set(shard_saved))
         report.shards.append(sr)
+    current = layouts.current_count((s.count, r.started_ts) for s, r in shards)
+    for s, r in shards:
+        if s.count != current and current:
+            r.closed_by = current
     records = sorted(saved.values(), key=lambda r: r.idx)
     with ThreadPoolExecutor(max(1, jobs)) as pool:
         for rec, problem in zip(
@@ -287,10 +326,8 @@ def repair(report: VerifyReport) -> None:
     is running is left alone (``report.repair_error``)."""
     output = report.output
     by_shard: dict[Shard, list[int]] = {}
-    for shard, _ in paths.shard_dirs(output):
-        ids = sorted(i for i in report.damaged if shard.owns(i))
-        if ids:
-            by_shard[shard] = ids
+    for idx in sorted(report.damaged):  # in the journal that saved it (one, whatever N was)
+        by_shard.setdefault(report.saved_by[idx], []).append(idx)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for shard, ids in by_shard.items():
         lock = ShardLock(paths.lock_path(output, shard))
@@ -342,7 +379,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="check every committed sample against the journal",
         description="Check each sample the journal says is saved: present, size and checksum "
         "match, tensors load with the right shapes. Exit 0 only if all is consistent "
-        "(1: a problem was found, or repaired; 2: no journal under --output). "
+        "(1: a problem was found, or repaired; 2: no journal under --output; 3: every sample "
+        "failed, nothing was saved). "
         "--repair journals damaged or missing samples as invalid (files moved aside to "
         "OUTPUT/.eagle3d/damaged/, never deleted); the next `eagle3d run` redoes them.",
     )
