@@ -280,11 +280,11 @@ class Daemon:
             log.info("%d blank line(s) of %s skipped (no samples)", len(facts.blank), cfg.dataset)
         return sock
 
-    @staticmethod
     def _started(
-        facts: job.JobFacts, session: int, sock: str, saved: int, failed: int
+        self, facts: job.JobFacts, session: int, sock: str, saved: int, failed: int
     ) -> ev.RunStarted:
         return ev.RunStarted(
+            max_failed_fraction=self.cfg.max_failed_fraction,
             job=facts.job,
             total=facts.total,
             session=session,

@@ -74,18 +74,29 @@ class VerifyReport:
     repair_error: str = ""
 
     @property
+    def all_failed(self) -> bool:
+        """Every sample the journals hold failed: nothing was saved."""
+        saved, failed = sum(s.saved for s in self.shards), sum(s.failed for s in self.shards)
+        return saved == 0 and failed > 0
+
+    @property
     def ok(self) -> bool:
-        if not self.shards or self.repaired or self.repair_error:
+        if not self.shards or self.repaired or self.repair_error or self.all_failed:
             return False
         return not self.problems and not any(s.journal_fatal for s in self.shards)
 
     @property
     def exit_code(self) -> int:
         """0: consistent; 1: a problem was found (repaired or not); 2: no journal under
-        the output."""
+        the output; 3: consistent, but every sample failed (nothing saved)."""
         if not self.shards:
             return 2
-        return 0 if self.ok else 1
+        if self.ok:
+            return 0
+        inconsistent = self.problems or any(s.journal_fatal for s in self.shards)
+        if self.all_failed and not inconsistent and not self.repaired and not self.repair_error:
+            return 3
+        return 1
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -145,6 +156,13 @@ class VerifyReport:
             lines.extend(f"    {r}" for r in self.repaired[:50])
             lines.append("  rerun the same `eagle3d run` command to extract them again")
             lines.append("REPAIRED")
+        elif self.exit_code == 3:
+            failed = sum(s.failed for s in self.shards)
+            lines.append(
+                f"  every sample failed ({failed}): nothing was saved"
+                f" (eagle3d report -o {self.output} lists why)"
+            )
+            lines.append("NOTHING SAVED")
         else:
             lines.append("OK" if self.ok else "INCONSISTENT")
         return "\n".join(lines)
@@ -361,7 +379,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="check every committed sample against the journal",
         description="Check each sample the journal says is saved: present, size and checksum "
         "match, tensors load with the right shapes. Exit 0 only if all is consistent "
-        "(1: a problem was found, or repaired; 2: no journal under --output). "
+        "(1: a problem was found, or repaired; 2: no journal under --output; 3: every sample "
+        "failed, nothing was saved). "
         "--repair journals damaged or missing samples as invalid (files moved aside to "
         "OUTPUT/.eagle3d/damaged/, never deleted); the next `eagle3d run` redoes them.",
     )
