@@ -150,7 +150,7 @@ class Daemon:
         cfg = self.cfg
         preflight.check_model(cfg.model)
         preflight.check_dataset(cfg.dataset)
-        layout.check(self.output, self.shard)  # before anything is written
+        layout.check(self.output, self.shard, fold=False)  # before anything is written
         preflight.check_output(self.output)
         with preflight.layout_lock(self.output):
             # Again under the lock (a daemon of another layout may have won), and this
