@@ -115,10 +115,15 @@ def assemble(
     # EAGLE3D_SPLICE=0 takes the splice fast path out: for its A/B (docs/benchmarks.md).
     splice = os.environ.get("EAGLE3D_SPLICE", "1") != "0"
     store = storedtype.get(facts.job.store_dtype)
-    committer = Committer(where.output, store=store, writer=cfg.writer, splice=splice)
+    committer = Committer(
+        where.output,
+        store=store,
+        writer=cfg.writer,
+        splice=splice,
+        staging=paths.staging_dir(where.output, where.shard),
+    )
     committer.warm_up()
-    rows = [paths.sample_relpath(i) for i in range(0, len(status), paths.GROUP_SIZE)]
-    removed = committer.clean_temp_files(rows)
+    removed = committer.clean_temp_files()  # the staging folder only: no row folder is listed
     if removed:
         log.info("removed %d stray temp file(s) from an earlier crash", removed)
     rules = Rules(

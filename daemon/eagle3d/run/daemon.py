@@ -40,9 +40,10 @@ from eagle3d.exitcodes import EXIT_INTERNAL, EXIT_OK, EXIT_PRODUCER, Fatal
 from eagle3d.produce.base import Producer
 from eagle3d.produce.factory import make_producer, starting_words
 from eagle3d.remote.threadnames import name_threads
-from eagle3d.run import diskguard, job, preflight, spacecheck
+from eagle3d.run import checkpoints, diskguard, job, preflight, spacecheck
 from eagle3d.run import recorder as recording
 from eagle3d.run.assemble import Opened, Parts, Where, assemble, own_dump_dir, remove_if_empty
+from eagle3d.run.checkpoints import Checkpoints
 from eagle3d.run.inbox import Hangup, Inbox, JournalFault, ProducerPort, ProducerState, Signalled
 from eagle3d.run.recorder import Recorder
 
@@ -68,6 +69,7 @@ class Daemon:
         self.held: list[object] = []  # pipeline messages from before it runs
         self.lock: preflight.ShardLock | None = None
         self.opened: Opened | None = None
+        self.checkpoints: Checkpoints | None = None
         self.parts: Parts | None = None
         self.server: Any = None
         self.dump_dir = ""
@@ -122,15 +124,20 @@ class Daemon:
         self.notifier.status("reading dataset and journal")
         facts = await asyncio.to_thread(job.describe, cfg, self.shard, self.output)
         self.status[:] = bytearray(facts.lines)
+        # Every record reaches subscribers through the inbox, and the checkpoint writer.
+        self.checkpoints = Checkpoints(self.jdir, self.inbox.put)
         journal = JournalWriter(
             self.jdir,
             shard_index=self.shard.index,
             shard_count=self.shard.count,
-            listener=self.inbox.put,  # every record reaches subscribers through the inbox
+            listener=self.checkpoints.listener,
+            on_position=self.checkpoints.on_position,
             fileops=recording.FaultFileOps(),  # a module attribute: tests slot a layer under it
         )
         resume = ResumeFold(self.status, self.state)
-        journal.open(resume.sink)
+        start = await asyncio.to_thread(checkpoints.restore, resume, self.jdir)
+        journal.open(resume.sink, start)
+        self.checkpoints.seed(resume)
         reserve = diskguard.Reserve(os.path.join(self.jdir, ".reserve"))
         recorder = Recorder(journal, self.inbox.put, reserve)
         identity = diskguard.OutputIdentity(self.output, self.jdir, journal.segment)
@@ -426,6 +433,8 @@ class Daemon:
         if opened is not None:
             opened.recorder.close()
             opened.identity.close()
+        if self.checkpoints is not None:
+            self.checkpoints.close()  # after the journal's last record: a clean stop's fold
         if not self.cfg.dump_dir:  # the run's own folder; a --dump-dir is the operator's
             remove_if_empty(self.dump_dir)
         await asyncio.sleep(0)  # the journal's last records reach subscribers
