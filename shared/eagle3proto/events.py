@@ -67,6 +67,9 @@ class RunStarted(Event, tag="run_started"):
     already_saved: int = 0
     already_failed: int = 0
     skipped: int = 0  # blank lines of this shard: no samples, not counted in total
+    # The session reads the dataset pinned (a changed file stops it; no line is ever cut
+    # short by a file that ended early). An older version's bad_json failures are retried.
+    dataset_pinned: bool = False
 
 
 class SampleSent(Event, tag="sample_sent"):

@@ -57,7 +57,7 @@ from eagle3d.core.envfault import OUTPUT, SAMPLE, EnvFault, dump_area_full, prod
 from eagle3d.core.pauses import Probe, ProbeResult
 from eagle3d.core.resume import describe_counts, finish_code, outcome_words
 from eagle3d.core.sample import DUMPED, FAILED, PENDING, SAVED, SENT, Sample
-from eagle3d.exitcodes import EXIT_INTERNAL
+from eagle3d.exitcodes import EXIT_FINGERPRINT, EXIT_INTERNAL
 
 __all__ = ["Ledger", "Probe", "ProbeResult", "Rules"]
 
@@ -286,6 +286,28 @@ class Ledger(Book):
         self.stopping = why
         self.inflight.clear()
         self._emit(fx.StopFeed())
+        self._set_done()
+        return self._end(now)
+
+    def dataset_changed(self, what: str, now: float) -> list[fx.Effect]:
+        """The dataset is not the file the run pinned at its start (``what`` names it and
+        says how): stop at once with exit 6, never finished. What is in flight was read
+        from the pinned content; it is abandoned (pending), as nothing new may be read."""
+        if self.done:
+            return []
+        self._log(
+            ERROR,
+            f"{what}: stopping at once (exit {EXIT_FINGERPRINT}); the run is not finished."
+            " Put the file back as it was and rerun the same command, or start again with"
+            " a new --output for the new content",
+        )
+        self.exit_code = EXIT_FINGERPRINT
+        self.stopping = what
+        self.inflight.clear()
+        self.requeue.clear()
+        self.retry_commits.clear()
+        self._emit(fx.StopFeed())
+        self._emit(fx.Record(ev.RunStopped(reason=what, exit_code=EXIT_FINGERPRINT)))
         self._set_done()
         return self._end(now)
 

@@ -54,7 +54,9 @@ class ResumeFold:
     The latest record of a sample wins: saved, failed for good, pending again (a retry
     after a failure, ``sample_invalid`` after a save). A failure for good that an older
     eagle3d recorded for the environment's fault (:func:`recorded_failure_is_environment`)
-    is pending again, and listed in :attr:`reopen` for the daemon to journal.
+    is pending again, and listed in :attr:`reopen` for the daemon to journal; so is a
+    line an older eagle3d (a session whose dataset was not pinned) failed as bad JSON: it
+    may have been a valid line cut short by a file that ended early under the run.
     """
 
     status: bytearray
@@ -62,6 +64,7 @@ class ResumeFold:
     last_started: ev.RunStarted | None = None
     finished_last: bool = False  # the journal's last session ended with run_finished
     reopen: dict[int, ev.SampleFailed] = field(default_factory=dict)
+    pinned: bool = False  # the session being folded read its dataset pinned
 
     def sink(self, batch: list[ev.AnyEvent]) -> None:
         status = self.status
@@ -77,7 +80,9 @@ class ResumeFold:
                 if e.retry:
                     status[e.idx] = PENDING
                     self.reopen.pop(e.idx, None)
-                elif recorded_failure_is_environment(e.error, e.message):
+                elif recorded_failure_is_environment(e.error, e.message) or (
+                    e.error == "bad_json" and not self.pinned
+                ):
                     status[e.idx] = PENDING
                     self.reopen[e.idx] = e
                 else:
@@ -88,6 +93,7 @@ class ResumeFold:
                 self.finished_last = False
             elif isinstance(e, ev.RunStarted):
                 self.last_started = e
+                self.pinned = e.dataset_pinned
             if isinstance(e, ev.RunFinished):
                 self.finished_last = True
             elif isinstance(e, ev.RunStarted):
@@ -141,7 +147,11 @@ class ResumeFold:
             ev.SampleFailed(
                 idx=e.idx,
                 error=e.error,
-                message=f"not the sample's fault, retried: {e.message}",
+                message=(
+                    f"read by an older eagle3d that did not pin the dataset (the line may have been cut short), retried: {e.message}"
+                    if e.error == "bad_json"
+                    else f"not the sample's fault, retried: {e.message}"
+                ),
                 attempt=0,
                 retry=True,
                 environment=True,

@@ -14,6 +14,11 @@ of a JSON array, a row of a parquet table. Blank lines keep their id but are no 
 :func:`count` returns them so that the daemon skips them (counted as skipped, not failed).
 Anything else (a directory, an unknown binary, a text file with no JSON object in it) is a
 :class:`DatasetError` naming what was found, raised before a run starts.
+
+Given a :class:`~eagle3d.ingest.pin.Pin`, :func:`count` and :func:`iter_rows` read the file
+through its :class:`~eagle3d.ingest.pin.PinnedReader` (every format: the compressed ones are
+checked before they are decompressed): a file changed since it was pinned raises
+:class:`~eagle3d.ingest.pin.DatasetChanged` instead of yielding rows of another content.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from typing import IO, Any
 import msgspec
 
 from eagle3d.ingest.dataset import BadSample, Sample, parse_line, parse_obj
+from eagle3d.ingest.pin import Pin, open_pinned
 
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -107,17 +113,24 @@ def _peek(path: str, name: str) -> bytes:
         raise DatasetError(f"a {kind} file that does not decompress ({e})") from e
 
 
-def _open_text(path: str, name: str) -> IO[bytes]:
+def _open_raw(path: str, pin: Pin | None) -> IO[bytes]:
+    """The file's bytes as stored: through the pin's checks when there is one."""
+    if pin is not None:
+        return open_pinned(pin)
+    return open(path, "rb")
+
+
+def _open_text(path: str, name: str, pin: Pin | None = None) -> IO[bytes]:
     if name == "jsonl.gz":
-        return io.BufferedReader(gzip.GzipFile(path, "rb"))
+        return io.BufferedReader(gzip.GzipFile(fileobj=_open_raw(path, pin), mode="rb"))
     if name == "jsonl.zst":
         try:
             import zstandard
         except ImportError:
             raise DatasetError(f"a zstandard file, and zstandard is missing; {_INSTALL}") from None
-        raw = open(path, "rb")  # noqa: SIM115 - closed with the stream reader
+        raw = _open_raw(path, pin)
         return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=True))
-    return open(path, "rb")
+    return _open_raw(path, pin)
 
 
 def _parquet_columns(path: str) -> tuple[str, ...]:
@@ -140,34 +153,35 @@ def _parquet_columns(path: str) -> tuple[str, ...]:
     )
 
 
-def _array(path: str) -> list[msgspec.Raw]:
+def _array(path: str, pin: Pin | None = None) -> list[msgspec.Raw]:
     """A JSON array file's elements, each kept as its raw bytes (decoded one by one later)."""
-    with open(path, "rb") as f:
+    with _open_raw(path, pin) as f:
         data = f.read()
     if not data.strip():
         return []
     return msgspec.json.decode(data.removeprefix(_BOM), type=list[msgspec.Raw])
 
 
-def count(path: str, fmt: Format) -> tuple[int, list[int]]:
+def count(path: str, fmt: Format, pin: Pin | None = None) -> tuple[int, list[int]]:
     """(rows, ids of blank lines) of the dataset: rows are the sample ids 0..rows-1."""
     if fmt.name == "json":
-        return len(_array(path)), []
+        return len(_array(path, pin)), []
     if fmt.name == "parquet":
         import pyarrow.parquet as pq
 
-        return int(pq.ParquetFile(path).metadata.num_rows), []
+        with _open_raw(path, pin) as f:
+            return int(pq.ParquetFile(f).metadata.num_rows), []
     n = 0
     blank: list[int] = []
-    for n, line in enumerate(_lines(path, fmt), 1):
+    for n, line in enumerate(_lines(path, fmt, pin), 1):
         if not line.strip():
             blank.append(n - 1)
     return n, blank
 
 
-def _lines(path: str, fmt: Format) -> Iterator[bytes]:
+def _lines(path: str, fmt: Format, pin: Pin | None = None) -> Iterator[bytes]:
     """The lines of a JSONL file (compressed or not), line endings removed."""
-    with _open_text(path, fmt.name) as f:
+    with _open_text(path, fmt.name, pin) as f:
         first = True
         for line in f:
             if first:
@@ -179,29 +193,31 @@ def _lines(path: str, fmt: Format) -> Iterator[bytes]:
 
 
 def iter_rows(
-    path: str, fmt: Format, shard_index: int = 0, shard_count: int = 1
+    path: str, fmt: Format, shard_index: int = 0, shard_count: int = 1, pin: Pin | None = None
 ) -> Iterator[tuple[int, Row]]:
     """``(idx, row)`` for the rows with ``idx % shard_count == shard_index``, in order."""
     if fmt.name == "parquet":
-        yield from _parquet_rows(path, fmt, shard_index, shard_count)
+        yield from _parquet_rows(path, fmt, shard_index, shard_count, pin)
         return
-    rows: Iterator[Any] = iter(_array(path)) if fmt.name == "json" else _lines(path, fmt)
+    rows: Iterator[Any] = iter(_array(path, pin)) if fmt.name == "json" else _lines(path, fmt, pin)
     for idx, row in enumerate(rows):
         if idx % shard_count == shard_index:
             yield idx, bytes(row)
 
 
 def _parquet_rows(
-    path: str, fmt: Format, shard_index: int, shard_count: int
+    path: str, fmt: Format, shard_index: int, shard_count: int, pin: Pin | None
 ) -> Iterator[tuple[int, Row]]:
     import pyarrow.parquet as pq
 
     idx = 0
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=1024, columns=list(fmt.columns)):
-        for row in batch.to_pylist():
-            if idx % shard_count == shard_index:
-                yield idx, {k: _drop_nulls(v) for k, v in row.items()}
-            idx += 1
+    with _open_raw(path, pin) as f:
+        table = pq.ParquetFile(f)
+        for batch in table.iter_batches(batch_size=1024, columns=list(fmt.columns)):
+            for row in batch.to_pylist():
+                if idx % shard_count == shard_index:
+                    yield idx, {k: _drop_nulls(v) for k, v in row.items()}
+                idx += 1
 
 
 def _drop_nulls(v: Any) -> Any:

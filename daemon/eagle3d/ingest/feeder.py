@@ -35,8 +35,9 @@ class Feeder:
         max_length: int,
         on_overflow: str,
         put: Callable[[Sample | Rejected | Ended], None],
-        failed: Callable[[str], None],
+        failed: Callable[[str, bool], None],
         capacity: int,
+        pin: Any = None,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be at least 1, not {capacity}")
@@ -48,6 +49,7 @@ class Feeder:
         self.max_length = max_length
         self.on_overflow = on_overflow
         self.put = put
+        self.pin = pin  # the dataset as pinned at the start: rows are read through it
         self.failed = failed
         self._capacity = capacity
         self._room = threading.Semaphore(capacity)
@@ -79,11 +81,15 @@ class Feeder:
         return False
 
     def _run(self) -> None:
+        from eagle3d.ingest.pin import DatasetChanged
+
         try:
             self._feed()
+        except DatasetChanged as e:  # not a failure of the feeder: the run must stop (exit 6)
+            self.failed(str(e), True)
         except Exception as e:  # a dataset or tokenizer that fails mid-way stops the run
             log.exception("the feeder failed")
-            self.failed(f"{type(e).__name__}: {e}")
+            self.failed(f"{type(e).__name__}: {e}", False)
 
     def _feed(self) -> None:
         from transformers import AutoTokenizer
@@ -94,7 +100,7 @@ class Feeder:
         tok = AutoTokenizer.from_pretrained(self.model)
         enc = ChatEncoder(tok, max_length=self.max_length, on_overflow=self.on_overflow)
         status = self.status
-        for idx, raw in iter_rows(self.dataset, self.fmt, *self.shard):
+        for idx, raw in iter_rows(self.dataset, self.fmt, *self.shard, pin=self.pin):
             if self._stop.is_set():
                 return
             if idx >= len(status) or status[idx] != PENDING:

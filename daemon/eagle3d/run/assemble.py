@@ -166,8 +166,9 @@ def assemble(
         max_length=cfg.max_length,
         on_overflow=cfg.on_overflow,
         put=lambda item: inbox.put(Fed(item)),
-        failed=lambda why: inbox.put(FeedFailed(why)),
+        failed=lambda why, changed: inbox.put(FeedFailed(why, changed)),
         capacity=FEED_AHEAD,
+        pin=facts.pin,
     )
     ticker = Ticker(
         output=where.output,
@@ -177,6 +178,7 @@ def assemble(
         state=state,
         notifier=notifier,
         watchdog=watchdog,
+        pin=facts.pin,
     )
     ticker.producer = producer
 
@@ -199,6 +201,7 @@ def assemble(
         take=feeder.taken,
         last_reading=last_reading,
         on_done=on_done,
+        pin=facts.pin,
     )
     ticker.pipeline = pipeline
     parts = Parts(producer, pipeline, feeder, ticker, [reaper.close, commits.close, feeder.stop])

@@ -228,6 +228,7 @@ class Daemon:
             already_saved=saved,
             already_failed=failed,
             skipped=len(facts.blank),
+            dataset_pinned=True,
         )
         if not rec.append(started):
             raise Fatal(EXIT_INTERNAL, f"the journal in {self.jdir} refused run_started")

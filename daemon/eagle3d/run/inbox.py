@@ -73,9 +73,11 @@ class Hangup(msgspec.Struct, tag=True):
 
 
 class FeedFailed(msgspec.Struct, tag=True):
-    """The feeder could not go on (its tokenizer, the dataset file)."""
+    """The feeder could not go on (its tokenizer, the dataset file); ``changed``: the
+    dataset is not what the run pinned at its start (stop with exit 6)."""
 
     message: str
+    changed: bool = False
 
 
 class Inbox:

@@ -40,11 +40,12 @@ class JobFacts:
     layers: list[int]
     blank: list[int]  # ids of this shard's blank lines: skipped
     fmt: Any = None  # the dataset's dataformats.Format
+    pin: Any = None  # the dataset as found at the start (ingest.pin.Pin)
 
 
 def describe(cfg: config.JobConfig, shard: Shard, output: str) -> JobFacts:
     """Read the model config and hash the dataset. Raises Fatal for impossible aux layers."""
-    from eagle3d.ingest import dataformats
+    from eagle3d.ingest import dataformats, pin
 
     mcfg = config.model_config(cfg.model)
     n_layers = int(mcfg["num_hidden_layers"])
@@ -52,8 +53,12 @@ def describe(cfg: config.JobConfig, shard: Shard, output: str) -> JobFacts:
     bad = [i for i in layers if not 0 <= i < n_layers]
     if bad:
         raise Fatal(EXIT_CONFIG, f"aux_layers {bad} outside 0..{n_layers - 1} of {cfg.model}")
-    fmt = dataformats.detect(cfg.dataset)
-    lines, blank_ids = dataformats.count(cfg.dataset, fmt)
+    try:  # pinned first: the rows are counted, and later read, from what was hashed
+        pinned = pin.take(cfg.dataset)
+        fmt = dataformats.detect(cfg.dataset)
+        lines, blank_ids = dataformats.count(cfg.dataset, fmt, pinned)
+    except pin.DatasetChanged as e:
+        raise Fatal(EXIT_FINGERPRINT, f"{e}; the run did not start") from e
     blank = [i for i in blank_ids if shard.owns(i)]
     with open(os.path.join(cfg.model, "config.json"), "rb") as f:
         raw = f.read().decode(errors="replace")
@@ -65,8 +70,8 @@ def describe(cfg: config.JobConfig, shard: Shard, output: str) -> JobFacts:
     job = ev.JobInfo(
         model=os.path.abspath(cfg.model),
         dataset=os.path.abspath(cfg.dataset),
-        dataset_bytes=os.path.getsize(cfg.dataset),
-        dataset_sha=config.file_sha(cfg.dataset),
+        dataset_bytes=pinned.size,
+        dataset_sha=pinned.sha,
         aux_layers=layers,
         output=output,
         shard_index=shard.index,
@@ -89,7 +94,7 @@ def describe(cfg: config.JobConfig, shard: Shard, output: str) -> JobFacts:
         }
     )
     total = len(range(shard.index, lines, shard.count)) - len(blank)
-    return JobFacts(job, total, lines, int(mcfg["hidden_size"]), layers, blank, fmt)
+    return JobFacts(job, total, lines, int(mcfg["hidden_size"]), layers, blank, fmt, pinned)
 
 
 def check_fingerprint(last: ev.RunStarted | None, job: ev.JobInfo, force: bool, output: str) -> str:

@@ -61,6 +61,7 @@ class Pipeline:
         take: Callable[[], None],
         last_reading: Callable[[], Awaitable[None]],
         on_done: Callable[[int], None],
+        pin: Any = None,
     ) -> None:
         self.ledger = ledger
         self.producer = producer
@@ -73,6 +74,7 @@ class Pipeline:
         self.take = take
         self.last_reading = last_reading
         self.on_done = on_done
+        self.pin = pin  # the dataset as pinned at the start (ingest.pin.Pin), or None
         self.orphans = 0
         self._dump_read = -1.0
         self._tasks: set[asyncio.Task[None]] = set()
@@ -100,6 +102,8 @@ class Pipeline:
             self.apply(led.request_failed(msg.rid, msg.error, msg.message, msg.retryable, now))
         elif isinstance(msg, JournalFault):
             self.journal_fault(msg, now)
+        elif isinstance(msg, FeedFailed) and msg.changed:
+            self.apply(led.dataset_changed(msg.message, now))
         elif isinstance(msg, FeedFailed):
             self.apply(led.abort(f"reading the dataset failed: {msg.message}", now))
         else:  # pragma: no cover - a message type nobody handles is a bug
@@ -188,6 +192,10 @@ class Pipeline:
             await self.last_reading()
         except Exception:
             log.exception("the last stats record before run_finished failed")
+        changed = self.pin.changed() if self.pin is not None else ""
+        if changed:  # never "finished" over a dataset that is not the one read
+            self.apply(self.ledger.dataset_changed(changed, time.monotonic()))
+            return
         self.apply(self.ledger.finish(time.monotonic()))
 
     def _spawn(self, coro: Any) -> None:

@@ -1,6 +1,7 @@
 """The 1 s tick: what must happen on time rather than on an event.
 
 Every second: the output's identity (a removed, moved or replaced output stops the run),
+the dataset's (one changed since the start stops it too, exit 6),
 the ledger's clocks (request timeouts, the drain's deadline), the probe writes of a pause,
 the dump area's free space, the dump watcher's safety net (every 5 s: a lost inotify event,
 a removed dump area), a ``stats`` record, sd_notify's STATUS and watchdog, thread names,
@@ -47,6 +48,7 @@ class Ticker:
         state: reducer.ShardState,
         notifier: Any = None,
         watchdog: Any = None,
+        pin: Any = None,
     ) -> None:
         self.output = output
         self.dump_dir = dump_dir
@@ -55,6 +57,7 @@ class Ticker:
         self.state = state
         self.notifier = notifier
         self.watchdog = watchdog
+        self.pin = pin  # the dataset as pinned at the start (ingest.pin.Pin), or None
         self.producer: Producer | None = None
         self.pipeline: Pipeline | None = None
         self.watcher: DumpWatcher | None = None
@@ -100,6 +103,10 @@ class Ticker:
         gone = self.identity.check()
         if gone:
             p.apply(led.lose(gone, now))
+            return False
+        changed = self.pin.changed() if self.pin is not None else ""
+        if changed:
+            p.apply(led.dataset_changed(changed, now))
             return False
         p.apply(led.tick(now, self.producer.health().up))
         probes = led.probes_due(now)
