@@ -101,9 +101,7 @@ def damage(jdir: Path, how: str) -> None:
     ("how", "words"),
     [("flip", "checksum mismatch"), ("truncate", "where the header says"), ("empty", "shorter")],
 )
-def test_damaged_checkpoint_is_ignored_with_a_message(
-    how: str, words: str, tmp_path: Path
-) -> None:
+def test_damaged_checkpoint_is_ignored_with_a_message(how: str, words: str, tmp_path: Path) -> None:
     jdir = tmp_path / "j"
     shutil.copytree(GOLDEN / "resume", jdir)
     want, _ = full(jdir)

@@ -64,8 +64,10 @@ def test_resume_after_kill_starts_from_the_checkpoint_and_lists_no_row_folder(
     with runkit.reaped(proc):  # type: ignore[arg-type]
         jdir = paths.journal_dir(str(out), paths.Shard())
         runkit.wait_for(
-            lambda: proc.poll() is not None
-            or (checkpoint.load(jdir).checkpoint is not None and saved_in(out) >= 2100),
+            lambda: (
+                proc.poll() is not None
+                or (checkpoint.load(jdir).checkpoint is not None and saved_in(out) >= 2100)
+            ),
             120,
             "a checkpoint and 2,100 saved samples",
         )
@@ -76,8 +78,10 @@ def test_resume_after_kill_starts_from_the_checkpoint_and_lists_no_row_folder(
     assert ck is not None
     trace = tmp_path / "strace.txt"
     second = subprocess.run(
-        ["strace", "-f", "-qq", "-y", "-e", "trace=getdents64", "-o", str(trace)]
-        + synthetic_args(tiny_model_dir, data, out),
+        [
+            *("strace", "-f", "-qq", "-y", "-e", "trace=getdents64", "-o", str(trace)),
+            *synthetic_args(tiny_model_dir, data, out),
+        ],
         env=env,
         capture_output=True,
         text=True,

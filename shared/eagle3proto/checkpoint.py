@@ -176,11 +176,11 @@ def _check_position(jdir: str, pos: Position) -> str:
     if length != n or crc != pos.crc or frame_crc(frame[4:]) != crc:
         return f"the journal holds another record at {pos.segment}@{pos.start}"
     try:
-        e = ev.decode(frame[_FRAME.size :])
-    except Exception as exc:
+        rec = ev.decode(frame[_FRAME.size :])
+    except Exception as exc:  # any decode failure means: not the record it names
         return f"record at {pos.segment}@{pos.start} does not decode ({exc})"
-    if e.seq != pos.seq or e.run != pos.run:
-        return f"the journal holds seq {e.seq}, not {pos.seq}, at {pos.segment}@{pos.start}"
+    if rec.seq != pos.seq or rec.run != pos.run:
+        return f"the journal holds seq {rec.seq}, not {pos.seq}, at {pos.segment}@{pos.start}"
     return ""
 
 
@@ -202,7 +202,7 @@ class Checkpointer:
     def __init__(
         self,
         jdir: str,
-        fold: Callable[[ev.AnyEvent], None],
+        fold: Callable[[ev.Event], None],
         snapshot: Callable[[], tuple[reducer.ShardState, bytes]],
         *,
         every_records: int = EVERY_RECORDS,
@@ -218,7 +218,7 @@ class Checkpointer:
         self._clock = clock
         self._wall = wall
         self._seeded = False
-        self._early: list[ev.AnyEvent] = []
+        self._early: list[ev.Event] = []
         self._since = 0
         self._last = clock()
         self._pos: Position | None = None
@@ -240,7 +240,7 @@ class Checkpointer:
         self._thread = threading.Thread(target=self._run, name="checkpoint", daemon=True)
         self._thread.start()
 
-    def on_event(self, e: ev.AnyEvent) -> None:
+    def on_event(self, e: ev.Event) -> None:
         if not self._seeded:
             self._early.append(e)
             return

@@ -61,7 +61,7 @@ class Checkpoints:
         self._fold = resume.copy()
         self.writer.seed(resume.state.seq)
 
-    def _apply(self, e: ev.AnyEvent) -> None:
+    def _apply(self, e: ev.Event) -> None:
         assert self._fold is not None
         self._fold.apply(e)
 
