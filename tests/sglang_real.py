@@ -97,6 +97,7 @@ class Server:
         drop_args: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
         threads: int | None = TEST_THREADS,
+        layers: list[int] | None = None,
     ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -113,7 +114,9 @@ class Server:
             cmd = [str(SGLANG_PY), "-m", "sglang.launch_server", *user, *ours]
         else:
             cmd = [sys.executable, "-m", "eagle3d", "serve-sglang", "--python", str(SGLANG_PY)]
-            cmd += ["--dump-dir", str(dump_dir), "--", *user]
+            cmd += ["--dump-dir", str(dump_dir)]
+            cmd += ["--layers", ",".join(map(str, layers))] if layers else []
+            cmd += ["--", *user]
         self.cmd = cmd
         base = {k: v for k, v in os.environ.items() if k != "EAGLE3D_FAULT"}
         if threads is not None:
@@ -321,6 +324,7 @@ def compare_with_hf(
     convs: dict[int, dict[str, Any]],
     *,
     dtype: str = "float32",
+    layers: list[int] | None = None,
 ) -> dict[str, float]:
     """Every saved sample: ids and loss mask equal :func:`template_encoding`; states equal an
     independent Hugging Face forward of the same weights. Returns the worst relative errors
@@ -332,7 +336,7 @@ def compare_with_hf(
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     n = model.config.num_hidden_layers
-    layers = [2, n // 2, n - 3]
+    layers = layers or [2, n // 2, n - 3]
     worst = {"aux": 0.0, "final": 0.0}
     for idx, conv in sorted(convs.items()):
         d = torch.load(out / paths.sample_relpath(idx), weights_only=True)

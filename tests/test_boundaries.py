@@ -296,3 +296,25 @@ def test_tests_never_import_bench() -> None:
         src = path.read_text(encoding="utf-8")
         assert "spec_from_file_location" not in src or '"bench"' not in src, path
         assert 'sys.path.insert(0, str(REPO / "bench"' not in src, path
+
+
+#: The layers below ``tools/`` (the other subcommands, the top of the daemon's packages).
+BELOW_TOOLS = ("run", "serve", "core", "store", "ingest", "produce", "dumps", "remote")
+
+
+def _into_tools(graph: dict[str, set[str]]) -> list[str]:
+    return [
+        f"{name} imports {m}"
+        for name in sorted(graph)
+        if name.split(".")[:2][-1] in BELOW_TOOLS and name.startswith("eagle3d.")
+        for m in sorted(graph[name])
+        if m == "eagle3d.tools" or m.startswith("eagle3d.tools.")
+    ]
+
+
+def test_nothing_below_tools_imports_tools() -> None:
+    assert _into_tools(GRAPH) == []
+    # The check can fail: an import planted in a copy of the graph is named.
+    planted = dict(GRAPH)
+    planted["eagle3d.run.spacecheck"] = GRAPH["eagle3d.run.spacecheck"] | {"eagle3d.tools.plan"}
+    assert _into_tools(planted) == ["eagle3d.run.spacecheck imports eagle3d.tools.plan"]

@@ -68,6 +68,10 @@ def test_missing_required_and_bad_values() -> None:
         )
     with pytest.raises(ConfigError, match="3 layer ids"):
         config.build({}, {"model": "/m", "dataset": "/d", "output": "/o", "aux_layers": [1, 2]})
+    with pytest.raises(ConfigError, match="repeat"):
+        config.build({}, {"model": "/m", "dataset": "/d", "output": "/o", "layers": [2, 3, 3]})
+    with pytest.raises(ConfigError, match="recipe"):
+        config.build({}, {"model": "/m", "dataset": "/d", "output": "/o", "recipe": "medusa"})
     with pytest.raises(ConfigError, match="shard"):
         config.build({}, {"model": "/m", "dataset": "/d", "output": "/o", "shard": "3/2"})
 
@@ -114,6 +118,27 @@ def test_shard_from_flag_then_slurm_then_torchrun() -> None:
 def test_default_aux_layers_follow_sglang() -> None:
     assert default_aux_layers(61) == [2, 30, 58]  # DeepSeek-V3 / Kimi-K2.5
     assert default_aux_layers(32) == [2, 16, 29]
+    # Distinct for every model of 4 layers or more (SGLang's rule repeats below 7: the demo's
+    # 6-layer model got 2,3,3, which SpecForge refuses).
+    for n in range(4, 80):
+        assert len(set(default_aux_layers(n))) == 3, n
+        assert all(1 <= i < n for i in default_aux_layers(n)), n
+    assert default_aux_layers(6) == [1, 3, 5]
+
+
+def test_layers_recipe_and_draft_config_flags() -> None:
+    base = ("--model", "/m", "--dataset", "/d", "--output", "/o")
+    cfg = config.from_args(parse(*base, "--recipe", "dflash", "--layers", "1,3,5,7,9"))
+    assert (cfg.recipe, cfg.target_layers()) == ("dflash", [1, 3, 5, 7, 9])
+    cfg = config.from_args(parse(*base, "--aux-layers", "2,3,4"))
+    assert cfg.target_layers() == [2, 3, 4]  # the old name is an alias
+    cfg = config.from_args(parse(*base, "--draft-config", "/x/config.json"))
+    assert cfg.draft_config == "/x/config.json"
+    with pytest.raises(ConfigError, match="differ"):
+        config.build(
+            {"aux_layers": [1, 2, 3]},
+            {"model": "/m", "dataset": "/d", "output": "/o", "layers": [1, 2, 4]},
+        )
 
 
 def test_the_writer_is_archive_or_the_torch_reference() -> None:

@@ -20,6 +20,13 @@ Events: ``feed A B ...``, ``reject A``, ``end``, ``start A ...``, ``dump A [byte
 ``free N`` (the dump area's free bytes), ``tick S [down]``, ``pause <area> <errno>``,
 ``probe ok|no [free] [force]``, ``refuse`` (the journal refuses the last failure recorded),
 ``stop``, ``finish``, ``lose``, ``jfail``.
+
+The lifecycle (a driver made with ``up=False`` starts right after the journal's replay):
+``replayed [finished]``, ``starting`` (the producer's start began), ``announced``
+(``run_started`` is journaled), ``report <state>`` (the producer's own), ``up N`` (the
+producer is up, window N), ``startfail``, ``hup``; their effects: ``ready`` (sd_notify),
+``state <s>`` (a ``run_state`` record), ``producer <s>`` (a ``producer`` record),
+``running N``, ``probe`` / ``probe now``.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from typing import Any
 
 import pytest
 from eagle3d.core import effects as fx
+from eagle3d.core import messages as m
 from eagle3d.core import outcome as oc
 from eagle3d.core.envfault import DUMPS, JOURNAL, OUTPUT, EnvFault
 from eagle3d.core.ledger import Ledger, ProbeResult, Rules
@@ -43,12 +51,17 @@ AREAS = {"output": OUTPUT, "journal": JOURNAL, "dumps": DUMPS}
 class Driver:
     """Feeds a ledger the events of a scenario, as the shell would, and summarises."""
 
-    def __init__(self, n: int = 10, tokens: int = 10, **rules: Any) -> None:
+    def __init__(
+        self, n: int = 10, tokens: int = 10, up: bool = True, done: str = "", **rules: Any
+    ) -> None:
         rules.setdefault("window", 2)
         rules.setdefault("dump_dir", "/dumps")
         self.tokens = tokens
+        status = bytearray(n)
+        for i, c in enumerate(done):  # what the replayed journal says: s saved, f failed
+            status[i] = {"s": SAVED, "f": FAILED}[c]
         self.ledger = Ledger(
-            bytearray(n),
+            status,
             range(n),
             n,
             Rules(**rules),
@@ -60,76 +73,102 @@ class Driver:
         self.last: list[fx.Effect] = []
         self.records: list[ev.Event] = []
         self.sent: dict[int, list[str]] = {}  # idx -> the rids of its sends
+        self.pending_out: list[fx.Effect] = []
+        if up:  # the run as the scenarios of the samples begin: announced, the producer up
+            self.ledger.handle(m.Announced(), 0.0)
+            self.ledger.handle(m.ProducerUp("synthetic", rules["window"]), 0.0)
 
     def run(self, line: str) -> list[str]:
         words = line.split()
         op, args = words[0], words[1:]
-        led, now = self.ledger, self.now
         if op == "check":
             self.check(dict(a.split("=") for a in args))
             return []
+        if op == "tick":
+            self.now += float(args[0])
+        self.pending_out = []
+        msg = self.message(op, args)
+        self.last = self.pending_out + self.ledger.handle(msg, self.now)
+        return self.summary(self.last)
+
+    def message(self, op: str, args: list[str]) -> m.Msg:
+        """The message a step stands for (every step goes through the one way in)."""
+        match op:
+            case "end":
+                return m.Fed(Ended())
+            case "stop":
+                return m.Stop("SIGTERM")
+            case "finish":
+                return m.LastReading()
+            case "lose":
+                return m.Lose("the output directory /out was removed during the run")
+            case "jfail":
+                return m.JournalFailed("journal write failed: [Errno 9] Bad file descriptor")
+            case "replayed":
+                return m.Replayed(finished_last="finished" in args)
+            case "starting":
+                return m.ProducerStarting("hf", "loading", "loading model /m (hf, device cpu)")
+            case "announced":
+                return m.Announced()
+            case "hup":
+                return m.Hangup()
+            case "startfail":
+                return m.ProducerFailed("producer hf failed to start: boom", 5)
+            case "up":
+                return m.ProducerUp("synthetic", int(args[0]))
         if op == "feed":
-            out: list[fx.Effect] = []
-            for a in args:
-                i = int(a)
-                out += led.fed(Sample(i, list(range(self.tokens)), [1] * self.tokens), now)
-        elif op == "reject":
-            out = led.fed(Rejected(int(args[0]), "bad_json", f"line {args[0]}: bad JSON"), now)
-        elif op == "end":
-            out = led.fed(Ended(), now)
-        elif op == "start":
-            out = led.started([self.rid(int(a)) for a in args], now)
-        elif op in ("dump", "vanish", "late"):
+            return self.feed([int(a) for a in args])
+        if op == "reject":
+            return m.Fed(Rejected(int(args[0]), "bad_json", f"line {args[0]}: bad JSON"))
+        if op == "start":
+            return m.Started([self.rid(int(a)) for a in args])
+        if op in ("dump", "vanish", "late"):
             i = int(args[0])
             rid = self.sent[i][-2] if op == "late" else self.rid(i)
             size = None if op == "vanish" else int(args[1]) if len(args) > 1 else 1000
-            out = led.dumped(rid, f"/dumps/{rid}.e3dump", size, now)
-        elif op == "save":
+            return m.Dumped(rid, f"/dumps/{rid}.e3dump", size)
+        if op == "save":
             nbytes = int(args[1]) if len(args) > 1 else 2000
-            out = led.committed(
-                self.sample(int(args[0])), oc.Saved("rows/x", nbytes, "crc32:0"), now
-            )
-        elif op == "commit":
-            out = led.committed(self.sample(int(args[0])), self.outcome(args[1:]), now)
-        elif op == "fail":
+            return m.Committed({self.rid(int(args[0])): oc.Saved("rows/x", nbytes, "crc32:0")})
+        if op == "commit":
+            return m.Committed({self.rid(int(args[0])): self.outcome(args[1:])})
+        if op == "fail":
             i, error, how = int(args[0]), args[1], args[2]
             message = " ".join(args[3:]) or "it failed"
-            out = led.request_failed(self.rid(i), error, message, how == "retry", now)
-        elif op == "free":
-            out = led.observe_dump_area(int(args[0]), now)
-        elif op == "tick":
-            self.now += float(args[0])
-            out = led.tick(self.now, producer_up="down" not in args)
-        elif op == "pause":
-            out = led.pause(EnvFault(AREAS[args[0]], "/out", int(args[1])), now)
-        elif op == "probe":
+            return m.RequestFailed(self.rid(i), error, message, how == "retry")
+        if op == "report":
+            return m.ProducerReport(args[0], " ".join(args[1:]))
+        return self.environment(op, args)
+
+    def feed(self, idx: list[int]) -> m.Msg:
+        """Every row but the last goes in at once; the last is the step's message."""
+        for i in idx[:-1]:
+            self.pending_out += self.ledger.handle(m.Fed(self.row(i)), self.now)
+        return m.Fed(self.row(idx[-1]))
+
+    def row(self, i: int) -> Sample:
+        return Sample(i, list(range(self.tokens)), [1] * self.tokens)
+
+    def environment(self, op: str, args: list[str]) -> m.Msg:
+        led = self.ledger
+        if op == "free":
+            return m.DumpArea(int(args[0]))
+        if op == "tick":
+            return m.Tick(producer_up="down" not in args)
+        if op == "pause":
+            return m.Pause(EnvFault(AREAS[args[0]], "/out", int(args[1])))
+        if op == "probe":
             ok, force = args[0] == "ok", "force" in args
             free = int(next((a for a in args[1:] if a.isdigit()), 10**12))
-            results = [ProbeResult(p, ok, free) for p in led.probes_due(now, force=True)]
-            out = led.probed(results, now, force)
-        elif op == "refuse":
+            results = [ProbeResult(p, ok, free) for p in led.probes_due(self.now, force=True)]
+            return m.Probed(results, force)
+        if op == "refuse":
             failed = [r for r in self.records if isinstance(r, ev.SampleFailed)]
-            out = led.refused(failed[-1], now)
-        elif op == "stop":
-            out = led.stop("SIGTERM", now)
-        elif op == "finish":
-            out = led.finish(now)
-        elif op == "lose":
-            out = led.lose("the output directory /out was removed during the run", now)
-        elif op == "jfail":
-            out = led.journal_failed("journal write failed: [Errno 9] Bad file descriptor", now)
-        else:
-            raise ValueError(f"unknown step {line!r}")
-        self.last = out
-        return self.summary(out)
+            return m.Refused(failed[-1])
+        raise ValueError(f"unknown step {op!r}")
 
     def rid(self, idx: int) -> str:
         return self.sent[idx][-1]
-
-    def sample(self, idx: int) -> Sample:
-        p = self.ledger.inflight.get(self.rid(idx))
-        assert p is not None, f"sample {idx} is not in flight"
-        return p
 
     def outcome(self, args: list[str]) -> oc.AnyOutcome:
         kind, message = getattr(oc, args[0]), f"{args[0]} happened"
@@ -148,7 +187,7 @@ class Driver:
                 self.records.append(e.event)
                 out += _record(e.event)
             elif isinstance(e, fx.Commit):
-                out.append(f"commit {e.sample.idx}")
+                out.append(f"commit {e.job.idx}")
             elif isinstance(e, fx.Cancel):
                 out.append(f"cancel {_idx(e.rid)}")
             elif isinstance(e, fx.RemoveDump):
@@ -165,6 +204,8 @@ class Driver:
                 out.append("stopfeed")
             elif isinstance(e, fx.Done):
                 out.append(f"done {e.code}")
+            else:
+                out += _lifecycle(e)
         return out
 
     def check(self, want: dict[str, str]) -> None:
@@ -193,12 +234,24 @@ def _idx(rid: str) -> int:
     return int(rid.removeprefix(PREFIX).split("-")[1])
 
 
+def _lifecycle(e: fx.Effect) -> list[str]:
+    if isinstance(e, fx.NotifyReady):
+        return ["ready"]
+    if isinstance(e, fx.Running):
+        return [f"running {e.window}"]
+    if isinstance(e, fx.Probe):
+        return ["probe" + (" now" if e.force else "")]
+    return []
+
+
 def _record(e: ev.Event) -> list[str]:
     if isinstance(e, ev.SampleFailed):
         how = "env" if e.environment else ("retry" if e.retry else "final")
         return [f"failed {e.idx} {e.error} {how}"]
-    if isinstance(e, ev.RunState) and e.state == "draining":
-        return ["draining"]
+    if isinstance(e, ev.RunState):
+        return ["draining" if e.state == "draining" else f"state {e.state}"]
+    if isinstance(e, ev.ProducerEvent):
+        return [f"producer {e.state}"]
     if isinstance(e, ev.RunStopped):
         return ["stopped"]
     if isinstance(e, ev.RunFinished):
@@ -596,6 +649,125 @@ def test_endings(settings: dict[str, Any], steps: list[tuple[str, str]]) -> None
     play(steps, **settings)
 
 
+# -- the lifecycle, from the journal's replay on -------------------------------------------------
+
+LIFECYCLE = {
+    "a replayed shard with nothing pending finishes at once": (
+        {"n": 2, "done": "ss"},
+        [
+            ("replayed", "finished, ready, done 0"),
+            ("check done=yes code=0", ""),
+        ],
+    ),
+    "a finish already journaled is not journaled twice": (
+        {"n": 2, "done": "ss"},
+        [
+            ("replayed finished", "ready, done 0"),
+        ],
+    ),
+    "a replayed shard whose samples all failed exits 9 again": (
+        {"n": 2, "done": "ff"},
+        [
+            ("replayed finished", "ready, done 9"),
+        ],
+    ),
+    "a replayed shard with rows left goes on": (
+        {"n": 2, "done": "s"},
+        [
+            ("replayed", ""),
+            ("check done=no pending=1", ""),
+        ],
+    ),
+    "the producer's reports wait for run_started": (
+        {},
+        [
+            ("starting", "state loading"),
+            ("report restarting worker 0 exited", ""),
+            ("announced", "producer restarting"),
+            ("report up", "producer up"),
+        ],
+    ),
+    "rows fed before the producer is up wait, and go once it is": (
+        {},
+        [
+            ("announced", ""),
+            ("feed 0 1 2", ""),
+            ("check queue=3 inflight=0", ""),
+            ("up 2", "ready, state running, running 2, send 0, send 1"),
+        ],
+    ),
+    "what came before the producer was up is handled once it is, in order": (
+        {},
+        [
+            ("feed 0", ""),
+            ("pause journal 28", ""),
+            ("check paused=no", ""),
+            ("up 2", "ready, state running, running 2, send 0, paused journal"),
+        ],
+    ),
+    "a signal before run_started stops at once and journals nothing": (
+        {},
+        [
+            ("feed 0", ""),
+            ("stop", "stopfeed, done 0"),
+            ("stop", ""),
+            ("up 2", ""),  # a producer up after the stop starts nothing
+            ("check stopping=yes done=yes inflight=0", ""),
+        ],
+    ),
+    "a signal while the producer starts: run_stopped, exit 0": (
+        {},
+        [
+            ("announced", ""),
+            ("starting", "state loading"),
+            ("stop", "stopfeed, stopped, done 0"),
+        ],
+    ),
+    "a producer that fails to start stops the run with its exit status": (
+        {},
+        [
+            ("announced", ""),
+            ("startfail", "stopfeed, stopped, done 5"),
+            ("up 2", ""),
+        ],
+    ),
+    "a journal failure before the run: exit 1 at once": (
+        {},
+        [
+            ("jfail", "stopfeed, done 1"),
+        ],
+    ),
+    "SIGHUP: nothing to probe before the run, the paused areas at once during it": (
+        {},
+        [
+            ("hup", ""),
+            ("announced", ""),
+            ("up 1", "ready, state running, running 1"),
+            ("hup", ""),
+            ("feed 0", "send 0"),
+            ("dump 0", "commit 0"),
+            ("commit 0 WriteRefused 28", "paused output"),
+            ("hup", "probe now"),
+        ],
+    ),
+    "a tick while paused asks for the probe writes when they are due": (
+        {"up": True},
+        [
+            ("feed 0", "send 0"),
+            ("dump 0", "commit 0"),
+            ("commit 0 WriteRefused 28", "paused output"),
+            ("tick 1", ""),
+            ("tick 1.5", "probe"),
+        ],
+    ),
+}
+
+
+@pytest.mark.parametrize(("settings", "steps"), LIFECYCLE.values(), ids=LIFECYCLE.keys())
+def test_lifecycle(settings: dict[str, Any], steps: list[tuple[str, str]]) -> None:
+    play(steps, **{"up": False, **settings})
+
+
 # -- each detail the summary leaves out, once -------------------------------------------------
 
 
@@ -613,9 +785,9 @@ def test_records_and_effects_in_full() -> None:
     assert isinstance(dumped, fx.Record) and dumped.event == ev.SampleDumped(
         idx=1, rid=f"{PREFIX}1-1-1", bytes=600
     )
-    assert isinstance(commit, fx.Commit) and commit.sample.dump_path == "/dumps/a.e3dump"
+    assert isinstance(commit, fx.Commit) and commit.job.dump_path == "/dumps/a.e3dump"
     assert led.bytes_per_token == 200.0  # the first dump replaces the estimate
-    assert led.committed(commit.sample, oc.Saved("r", 900, "c"), 4.0) == []
+    assert led.committed(commit.job.rid, oc.Saved("r", 900, "c"), 4.0) == []
     assert led.status[1] == SAVED and led.last_progress == 4.0 and led.largest_sample == 900
 
 
@@ -661,3 +833,41 @@ def test_the_watchdogs_view() -> None:
     d.run("end")
     d.run("stop")
     assert d.ledger.phase == "draining"
+
+
+def _logs(effects: list[fx.Effect]) -> list[str]:
+    return [e.message for e in effects if isinstance(e, fx.Log)]
+
+
+def test_the_lifecycles_words_and_records() -> None:
+    d = Driver(n=2, up=False)
+    d.run("announced")
+    d.run("stop")
+    assert _logs(d.last) == ["SIGTERM before the pipeline started: stopping"]
+    assert d.records == [ev.RunStopped(reason="signal SIGTERM while starting", exit_code=0)]
+    assert fx.NotifyStopping() in d.last
+    d = Driver(n=2, up=False)
+    d.run("startfail")
+    assert _logs(d.last) == ["producer hf failed to start: boom"]
+    d = Driver(n=2, up=False)
+    d.run("up 3")
+    assert _logs(d.last) == ["producer synthetic up; window 3; dumps in /dumps"]
+    assert d.ledger.rules.window == 3
+    d = Driver(n=2, up=False)
+    d.run("jfail")
+    assert _logs(d.last) == [
+        "journal failure before the run started: journal write failed: [Errno 9] Bad file descriptor"
+    ]
+
+
+def test_one_finish_wording_whether_finished_now_or_before() -> None:
+    d = Driver(n=2, window=2)
+    for line in ("feed 0", "end", "reject 1", "dump 0", "save 0", "finish"):
+        d.run(line)
+    now = _logs(d.last)
+    d = Driver(n=2, up=False, done="sf")
+    d.run("replayed")
+    before = _logs(d.last)
+    assert now == ["finished: saved 1 / 2 (50 %), 1 failed", now[1]]
+    assert before == ["nothing to do: job already " + now[0], now[1]]
+    assert now[1].startswith("too many samples failed: 1 of 2 sample(s) failed for good")

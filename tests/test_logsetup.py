@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from eagle3d.tools.logsetup import setup_logging, stream_is_journal, syslog_priority
+from eagle3d.serve.logsetup import setup_logging, stream_is_journal, syslog_priority
 
 
 @pytest.fixture(autouse=True)
@@ -62,7 +62,7 @@ def test_child_process_detects_its_stderr(tmp_path):
     """As under systemd: JOURNAL_STREAM names the file the child's stderr really is."""
     path = tmp_path / "stderr"
     code = (
-        "import logging; from eagle3d.tools.logsetup import setup_logging; "
+        "import logging; from eagle3d.serve.logsetup import setup_logging; "
         "setup_logging(); logging.getLogger('eagle3d').info('hello')"
     )
     with open(path, "w") as f:

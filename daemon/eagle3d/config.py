@@ -33,7 +33,10 @@ class JobConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     server: str = ""
     max_length: int = 2048
     on_overflow: str = "truncate"
-    aux_layers: list[int] = []
+    aux_layers: list[int] = []  # the old name of ``layers`` (--aux-layers), kept as an alias
+    recipe: str = ""  # eagle3d.remote.recipes: eagle3 (default), eagle3.1, p-eagle, dflash, ...
+    layers: list[int] = []  # target layer ids in eagle3d's convention; [] = recipe's default
+    draft_config: str = ""  # a draft model's config.json: recipe and layers from it
     shard: str = ""
     dump_dir: str = ""
     socket: str = ""
@@ -77,8 +80,7 @@ class JobConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             problem = server_url_problem(self.server)
             if problem:
                 raise ConfigError(f"server: {problem}")
-        if self.aux_layers and len(self.aux_layers) != 3:
-            raise ConfigError(f"aux_layers: expected 3 layer ids, got {self.aux_layers}")
+        self._check_layers()
         if self.max_attempts < 1:
             raise ConfigError(f"max_attempts must be >= 1, got {self.max_attempts}")
         for key in ("workers", "worker_threads", "commit_threads", "batch_tokens"):
@@ -97,6 +99,28 @@ class JobConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         except ValueError as e:
             raise ConfigError(str(e)) from e
         self.shard_spec()
+
+    def _check_layers(self) -> None:
+        from eagle3d.remote import recipes
+
+        if self.aux_layers and self.layers and self.aux_layers != self.layers:
+            raise ConfigError(
+                f"layers {self.layers} and aux_layers {self.aux_layers} differ "
+                "(aux_layers is the old name of layers: give one)"
+            )
+        if self.recipe:
+            _choice("recipe", self.recipe, recipes.NAMES)
+        ids = self.target_layers()
+        dup = sorted({i for i in ids if ids.count(i) > 1})
+        if dup:
+            raise ConfigError(f"layers: {ids} repeat {dup}; every layer id must be distinct")
+        r = recipes.get(self.recipe or recipes.DEFAULT)
+        if ids and r.layer_count and len(ids) != r.layer_count:
+            raise ConfigError(f"layers: {r.name} takes {r.layer_count} layer ids, got {ids}")
+
+    def target_layers(self) -> list[int]:
+        """The layers asked for (``--layers`` or its alias ``--aux-layers``); [] = default."""
+        return list(self.layers or self.aux_layers)
 
     def commit_thread_count(self, cpus: int | None = None) -> int:
         """``commit_threads``, or when 0 one per CPU between 2 and 8.
@@ -182,8 +206,35 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
     )
     a("--server", help="SGLang server URL (backend sglang)")
     a("--max-length", type=int, dest="max_length", help="token limit per sample (default 2048)")
-    a("--on-overflow", choices=("truncate", "skip"), dest="on_overflow")
-    a("--aux-layers", type=_layers, dest="aux_layers", metavar="A,B,C")
+    a(
+        "--on-overflow",
+        choices=("truncate", "skip"),
+        dest="on_overflow",
+        help="a sample longer than --max-length: truncate keeps its first max-length tokens"
+        " (counted as truncated in the journal, the monitor and `eagle3d report`); skip fails"
+        " it as too_long (default truncate)",
+    )
+    a(
+        "--recipe",
+        choices=("eagle3", "eagle3.1", "p-eagle", "dflash", "domino", "dspark"),
+        help="the drafter the data is for: its layers and record (default eagle3; see"
+        " docs/training.md)",
+    )
+    a(
+        "--layers",
+        type=_layers,
+        metavar="L1,L2,...",
+        help="target layer ids, distinct: the states entering those layers (Hugging Face"
+        " output_hidden_states[i]); default: the recipe's",
+    )
+    a("--aux-layers", type=_layers, dest="aux_layers", metavar="A,B,C", help="= --layers")
+    a(
+        "--draft-config",
+        dest="draft_config",
+        metavar="PATH",
+        help="a draft model's config.json (SpecForge, z-lab or speculators): the recipe and"
+        " layers from it, converted from that project's index convention",
+    )
     a("--shard", metavar="I/N", help="take samples with idx %% N == I")
     a("--dump-dir", dest="dump_dir", help="where producers drop dumps (default /dev/shm/...)")
     a("--socket", help="Unix socket for live subscribers")

@@ -4,6 +4,6 @@ the journal-driven ``eagle3d.reader.HiddenStates`` dataset. The code is
 
 from __future__ import annotations
 
-from eagle3d.store.reader import HiddenStates, load_sample
+from eagle3d.store.reader import HiddenStates, load_record, load_sample
 
-__all__ = ["HiddenStates", "load_sample"]
+__all__ = ["HiddenStates", "load_record", "load_sample"]

@@ -40,7 +40,9 @@ class JobInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
     dataset: str = ""
     dataset_bytes: int = 0
     dataset_sha: str = ""
-    aux_layers: list[int] = []
+    aux_layers: list[int] = []  # the captured layers (eagle3d.remote.recipes' convention)
+    #: The drafter recipe (eagle3d.remote.recipes); '' = eagle3, as in journals before it.
+    recipe: str = ""
     output: str = ""
     shard_index: int = 0
     shard_count: int = 1
@@ -98,7 +100,10 @@ class SampleSaved(Event, tag="sample_saved"):
     bytes: int
     tokens: int
     checksum: str
+    #: Cut to the job's ``max_length`` (``--on-overflow truncate``): ``tokens`` were kept of
+    #: ``original_tokens`` (0 in journals written before it was recorded).
     truncated: bool = False
+    original_tokens: int = 0
 
 
 class SampleFailed(Event, tag="sample_failed"):

@@ -83,6 +83,8 @@ class ShardState(msgspec.Struct, kw_only=True):
     orphans: int = 0
     bytes_saved: int = 0
     tokens_saved: int = 0
+    truncated: int = 0  # saved samples cut to max_length
+    tokens_dropped: int = 0  # tokens those samples lost (0 for journals that did not record it)
     stage: dict[int, int] = {}
     failed_idx: dict[int, str] = {}
     last_ts: dict[str, float] = {}
@@ -103,6 +105,12 @@ class ShardState(msgspec.Struct, kw_only=True):
     stop_code: int = 0  # exit code of the last run_stopped (0: clean, resumable)
     finish_code: int = 0  # exit code of the last run_finished (non-zero: too many failed)
     skipped: int = 0  # blank lines of the shard (no samples)
+    # Working time: seconds in ``running`` (the producer up, not paused, loading or
+    # draining), every session of the journal; the rates count over it (eagle3proto.views).
+    work_s: float = 0.0  # closed working spans
+    work_from: float = 0.0  # start of the open working span (0: not working)
+    spans: list[tuple[float, float]] = []  # the closed working spans of the last HISTORY_SECONDS
+    newest_ts: float = 0.0  # ts of the newest record folded
 
 
 def new_state() -> ShardState:
@@ -129,6 +137,7 @@ def apply_all(s: ShardState, events: Iterable[ev.Event | ev.Unknown]) -> ShardSt
             continue
         last_ts[entry[0]] = e.ts
         entry[1](s, e)
+        s.newest_ts = e.ts
     if e is not None:
         s.seq = e.seq
         s.run = e.run
@@ -159,6 +168,28 @@ def _set_state(s: ShardState, state: str, reason: str, ts: float) -> None:
         s.state_since = ts
     s.state = state
     s.state_reason = reason
+    _work(s, ts)
+
+
+def _work(s: ShardState, ts: float) -> None:
+    """Open or close the working span as the state enters or leaves ``running``."""
+    if s.state == "running":
+        if not s.work_from:
+            s.work_from = ts
+    elif s.work_from:
+        close_span(s, ts)
+
+
+def close_span(s: ShardState, end: float) -> None:
+    """Close the open working span at ``end``."""
+    start, s.work_from = s.work_from, 0.0
+    if end <= start:
+        return
+    s.work_s += end - start
+    s.spans.append((start, end))
+    cut = end - HISTORY_SECONDS
+    while s.spans and s.spans[0][1] < cut:
+        del s.spans[0]
 
 
 def _run_started(s: ShardState, e: ev.RunStarted) -> None:
@@ -166,10 +197,13 @@ def _run_started(s: ShardState, e: ev.RunStarted) -> None:
     # session's producer is gone with it.
     s.stage.clear()
     s.in_flight = s.committing = 0
+    if s.work_from:  # the last session died working: it worked until its last record
+        close_span(s, max(s.newest_ts, s.work_from))
     s.job = e.job
     s.total = e.total
     s.session = e.session
-    s.state, s.state_reason, s.state_since = "starting", "", e.ts
+    _set_state(s, "starting", "", e.ts)
+    s.state_since = e.ts
     s.up_ts = 0.0
     s.producer, s.producer_message, s.producer_since = "", "", e.ts
     s.load_rss, s.load_progress_ts = 0, 0.0
@@ -211,6 +245,9 @@ def _saved(s: ShardState, e: ev.SampleSaved) -> None:
     s.saved += 1
     s.bytes_saved += e.bytes
     s.tokens_saved += e.tokens
+    if e.truncated:
+        s.truncated += 1
+        s.tokens_dropped += max(e.original_tokens - e.tokens, 0)
     s.changed["saved"] = e.ts
     s.changed["dumped"] = e.ts
     t = int(e.ts)

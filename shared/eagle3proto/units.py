@@ -35,3 +35,15 @@ def rate(x: float, unit: str) -> str:
     if x >= 10:
         return f"{x:.1f} {unit}/s"
     return f"{x:.2f} {unit}/s"
+
+
+def size(n: float | None) -> str:
+    """Bytes with SI units (powers of 1000, like ``df -H``); ``—`` when unknown."""
+    if n is None:
+        return "—"
+    n = float(n)
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} PB"  # pragma: no cover

@@ -52,6 +52,58 @@ def rates(history: list[Bucket], now: float, window: float, since: float = 0.0) 
     return Rates(samples_s=n / span, tokens_s=tok / span, bytes_s=byt / span)
 
 
+def working_spans(s: ShardState, at: float) -> list[tuple[float, float]]:
+    """The working spans of ``s`` up to ``at`` (the open one closed at ``at``), oldest first."""
+    out = [(a, min(b, at)) for a, b in s.spans if a < at]
+    if s.work_from and s.work_from < at:
+        out.append((s.work_from, at))
+    return out
+
+
+def working_rates(s: ShardState, at: float, window: float = 60.0) -> Rates:
+    """THE live rate: what was saved over the last ``window`` seconds of working time before
+    ``at`` (time paused, loading, draining or between sessions left out), per working second.
+    Under one working second gives zeros. Every surface (the progress line, ``--once``, the
+    panels, Prometheus, ``eagle3d report``) prints this figure."""
+    need, picked = window, []
+    for a, b in reversed(working_spans(s, at)):
+        if need <= 0:
+            break
+        start = max(a, b - need)
+        picked.append((start, b))
+        need -= b - start
+    span = window - need
+    if span < 1.0:
+        return Rates()
+    n = tok = byt = 0
+    lo = min(a for a, _ in picked)
+    for bk in reversed(s.history):
+        if bk.t + 1 <= lo:
+            break
+        # A one-second bucket counts when its second overlaps a picked span.
+        if any(bk.t + 1 > a and bk.t <= b for a, b in picked):
+            n += bk.samples
+            tok += bk.tokens
+            byt += bk.bytes
+    return Rates(samples_s=n / span, tokens_s=tok / span, bytes_s=byt / span)
+
+
+def span_rates(s: ShardState, at: float) -> Rates:
+    """The rate over the whole working span of the job (every session): a finished or stopped
+    job's rate, which does not change as time passes."""
+    work = working_seconds(s, at)
+    if work <= 0.0:
+        return Rates()
+    return Rates(
+        samples_s=s.saved / work, tokens_s=s.tokens_saved / work, bytes_s=s.bytes_saved / work
+    )
+
+
+def working_seconds(s: ShardState, at: float) -> float:
+    """Seconds of working time in the journal up to ``at``."""
+    return s.work_s + (max(at - s.work_from, 0.0) if s.work_from else 0.0)
+
+
 def eta_seconds(remaining: int, rate: float) -> float | None:
     """Seconds to finish ``remaining`` samples at ``rate``; None when it cannot be known."""
     if remaining <= 0:
@@ -106,10 +158,13 @@ class View(msgspec.Struct, kw_only=True):
     orphans: int = 0
     bytes_saved: int = 0
     tokens_saved: int = 0
+    truncated: int = 0
+    tokens_dropped: int = 0
     percent: float = 0.0
     rate: Rates = msgspec.field(default_factory=Rates)
     rate_1m: Rates = msgspec.field(default_factory=Rates)
     rate_eta: Rates = msgspec.field(default_factory=Rates)
+    work_s: float = 0.0  # working time (every session), seconds
     eta_window_s: float = 0.0
     eta_s: float | None = None
     eta_frozen: str = ""
@@ -149,15 +204,21 @@ def view(
     total = s.total
     remaining = max(total - s.saved - s.failed, 0) if total >= 0 else 0
     finished = s.state == "finished"
-    # Rates count from the producer's start: the model load is not time the run was slow.
     since = 0.0 if finished else (s.up_ts or s.session_start_ts)
-    r = rates(s.history, now, window, since)
-    r10 = rates(s.history, now, 10.0, since)
     stop = None if finished else (frozen_at(s) or frozen)
     at = now if stop is None else min(max(stop[0], since), now)
     up_for = at - s.up_ts if s.up_ts else 0.0
     ew = eta_window(up_for)
-    re_ = rates(s.history, at, ew, since)
+    # Rates count over working time only (a model load, a pause, the gap between sessions
+    # are not time the run was slow); a finished or stopped job has one rate, over its whole
+    # working span, that time passing does not change.
+    if finished or s.state == "stopped":
+        r = r10 = re_ = span_rates(s, s.state_since)
+    else:
+        r = working_rates(s, at, window)
+        # The 10-second figure is "now": nothing is saved while the work is stopped.
+        r10 = working_rates(s, at, 10.0) if stop is None else Rates()
+        re_ = r if ew == window else working_rates(s, at, ew)
     newest = max(s.last_ts.values()) if s.last_ts else None
     # Saved of total: a failed sample is not done work ("saved 0 / 218 (0 %), 218 failed").
     pct = 100.0 * s.saved / total if total > 0 else (100.0 if total == 0 else 0.0)
@@ -179,10 +240,13 @@ def view(
         orphans=s.orphans,
         bytes_saved=s.bytes_saved,
         tokens_saved=s.tokens_saved,
+        truncated=s.truncated,
+        tokens_dropped=s.tokens_dropped,
         percent=pct,
         rate=r10,
         rate_1m=r,
         rate_eta=re_,
+        work_s=working_seconds(s, at if not finished else s.state_since),
         eta_window_s=ew,
         eta_s=0.0 if finished else eta_seconds(remaining, re_.samples_s),
         eta_frozen="" if stop is None or remaining == 0 else stop[1],
@@ -217,6 +281,8 @@ def combine(views: list[View], now_label: str = "total") -> View:
         "orphans",
         "bytes_saved",
         "tokens_saved",
+        "truncated",
+        "tokens_dropped",
     ):
         setattr(out, f, sum(getattr(v, f) for v in views))
     out.rate = _sum_rates(v.rate for v in views)

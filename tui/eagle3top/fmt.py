@@ -154,3 +154,9 @@ def wrap(words: str, width: int, indent: int = 2, start: int = 0) -> str:
         words, max(width, 20), initial_indent=" " * start, subsequent_indent=" " * indent
     )
     return "\n".join(lines or [""])[start:]
+
+
+def truncation(truncated: int, dropped: int, saved: int) -> str:
+    """``12 of 601 saved samples truncated to max_length (3,400 tokens dropped)``."""
+    lost = f" ({count(dropped)} tokens dropped)" if dropped else ""
+    return f"{count(truncated)} of {count(saved)} saved samples truncated to max_length{lost}"

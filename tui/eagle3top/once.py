@@ -75,6 +75,8 @@ class Counts(msgspec.Struct, kw_only=True):
     percent: float
     bytes_saved: int
     tokens_saved: int
+    truncated: int
+    tokens_dropped: int
     rate_samples_s: float
     rate_tokens_s: float
     rate_bytes_s: float
@@ -142,6 +144,8 @@ def _counts(v: View, now: float) -> dict[str, object]:
         "percent": round(v.percent, 3),
         "bytes_saved": v.bytes_saved,
         "tokens_saved": v.tokens_saved,
+        "truncated": v.truncated,
+        "tokens_dropped": v.tokens_dropped,
         "rate_samples_s": round(v.rate_1m.samples_s, 4),
         "rate_tokens_s": round(v.rate_1m.tokens_s, 2),
         "rate_bytes_s": round(v.rate_1m.bytes_s, 1),
@@ -283,9 +287,10 @@ def perfdata(doc: OnceDoc) -> str:
         _perf("in_flight", doc.in_flight),
         _perf("committing", doc.committing),
         _perf("percent", round(doc.percent, 2), "%", hi=100),
-        _perf("rate", round(doc.eta_rate_samples_s, 4)),
+        _perf("rate", round(doc.rate_samples_s, 4)),
         _perf("tokens_rate", round(doc.rate_tokens_s, 1)),
         _perf("bytes_saved", doc.bytes_saved, "B"),
+        _perf("truncated", doc.truncated, hi=total),
     ]
     if doc.eta_s is not None:
         items.append(_perf("eta", round(doc.eta_s, 1), "s"))
@@ -378,6 +383,8 @@ def _counts_lines(c: Counts, now: float) -> list[str]:
         f"rate {fmt.rate(c.rate_samples_s, 'samples')}  {fmt.rate(c.rate_tokens_s, 'tokens')}"
         f"  {fmt.size(c.rate_bytes_s)}/s",
     ]
+    if c.truncated:
+        lines.append(fmt.truncation(c.truncated, c.tokens_dropped, c.saved))
     eta = f"ETA {fmt.duration(c.eta_s)}"
     if c.eta_frozen:
         eta += f" (frozen: {c.eta_frozen})"

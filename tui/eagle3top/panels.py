@@ -175,6 +175,8 @@ def pipeline(
     t.append_text(_eta_line(rows, v, now, tz_offset_s, report))
     t.append(f"\nin flight (sent - dumped) {fmt.count(v.in_flight)}", style=DIM)
     t.append(f" · committing (dumped - saved) {fmt.count(v.committing)}", style=DIM)
+    if v.truncated:
+        t.append(f"\n{fmt.truncation(v.truncated, v.tokens_dropped, v.saved)}", style=WARN)
     return t
 
 

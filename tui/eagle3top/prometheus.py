@@ -41,6 +41,18 @@ _JOB_METRICS: list[tuple[str, str, str, object]] = [
     ),
     ("eagle3d_bytes_saved_total", "counter", "Bytes of sample files committed.", "bytes_saved"),
     ("eagle3d_tokens_saved_total", "counter", "Tokens in the samples committed.", "tokens_saved"),
+    (
+        "eagle3d_samples_truncated_total",
+        "counter",
+        "Samples saved cut to the job's max_length.",
+        "truncated",
+    ),
+    (
+        "eagle3d_tokens_dropped_total",
+        "counter",
+        "Tokens the truncated samples lost.",
+        "tokens_dropped",
+    ),
     ("eagle3d_samples", "gauge", "Samples in the job (shard); absent while unknown.", "total"),
     ("eagle3d_samples_in_flight", "gauge", "Samples sent, no dump yet.", "in_flight"),
     (

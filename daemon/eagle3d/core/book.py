@@ -12,6 +12,7 @@ from eagle3proto import events as ev
 
 from eagle3d.core import effects as fx
 from eagle3d.core.envfault import EnvFault, Verdict
+from eagle3d.core.messages import Msg, ProducerReport
 from eagle3d.core.pauses import Pauses
 from eagle3d.core.resume import describe_counts
 from eagle3d.core.sample import FAILED, SAVED, SENT, Ended, Rejected, Request, Sample
@@ -77,6 +78,10 @@ class Book:
         self.retry_commits: list[Sample] = []  # commits waiting for a pause to end
         self.unrecorded: dict[int, ev.SampleFailed] = {}  # failures the journal refused
         self.pauses = Pauses()  # the paused areas
+        self.announced = False  # run_started is in the journal
+        self.running = False  # the producer is up: requests may be sent
+        self.early: list[ProducerReport] = []  # the producer's reports before run_started
+        self.held: list[Msg] = []  # what came before the producer was up, handled once it is
         self.stopping = ""  # why the run stops, '' while it does not
         self.lost = ""  # the output is not where it was: what happened
         self.feed_done = False
@@ -144,7 +149,7 @@ class Book:
 
     def _pump(self, now: float) -> None:
         """Send what the window allows: samples sent again first, then the feeder's rows."""
-        while not (self.done or self.stopping or self.paused) and self.room():
+        while self.running and not (self.done or self.stopping or self.paused) and self.room():
             if self.requeue:
                 self._send(self.requeue.popleft(), now)
                 continue

@@ -1,8 +1,9 @@
 """What the ledger asks the shell to do: one small type per kind of effect.
 
 The ledger never acts; every answer it gives is a list of these, carried out in order by
-:class:`eagle3d.run.pipeline.Pipeline` (which may feed the ledger again with what came of
-them: a record the journal refused, say).
+:meth:`eagle3d.run.pipeline.Pipeline.apply` (a ``match`` over :data:`Effect` that ends in
+``assert_never``: an effect nobody carries out fails ``mypy --strict``), which may feed the
+ledger again with what came of them (a record the journal refused, a probe's result).
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from dataclasses import dataclass
 from eagle3proto import events as ev
 
 from eagle3d.core.envfault import EnvFault
-from eagle3d.core.sample import Request, Sample
+from eagle3d.core.pauses import Probe as ProbeWrite
+from eagle3d.core.sample import CommitJob, Request
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,10 +47,10 @@ class SeenDump:
 
 @dataclass(frozen=True, slots=True)
 class Commit:
-    """Validate and commit ``sample``'s dump; ``forget_dirs``: its row directory was
-    removed under the run and must be made again."""
+    """Validate and commit ``job``'s dump (on a commit thread); ``forget_dirs``: its row
+    directory was removed under the run and must be made again."""
 
-    sample: Sample
+    job: CommitJob
     forget_dirs: bool = False
 
 
@@ -74,11 +76,44 @@ class Log:
 
 
 @dataclass(frozen=True, slots=True)
-class Notify:
-    """An sd_notify message: ``method`` of :class:`eagle3d.serve.notify.Notifier`."""
+class NotifyReady:
+    """sd_notify ``READY=1``: the service is up (the producer is, or nothing is left to do)."""
 
-    method: str
-    text: str = ""
+
+@dataclass(frozen=True, slots=True)
+class NotifyStatus:
+    """sd_notify ``STATUS=``: ``text``."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class NotifyStopping:
+    """sd_notify ``STOPPING=1``."""
+
+
+@dataclass(frozen=True, slots=True)
+class NotifyExtendTimeout:
+    """sd_notify ``EXTEND_TIMEOUT_USEC=``: a start that may take long (a model load)."""
+
+    usec: int
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """Make ``probes`` (writes into the paused areas) and tell the ledger what came of them
+    (:class:`eagle3d.core.messages.Probed`); ``force``: asked by SIGHUP."""
+
+    probes: list[ProbeWrite]
+    force: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Running:
+    """The producer is up: the pipeline runs with ``window`` requests (the feeder may read
+    that far ahead; the dump area is read now)."""
+
+    window: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,8 +144,8 @@ class Taken:
 
 @dataclass(frozen=True, slots=True)
 class Finish:
-    """Every sample is done: take a last reading of the producer, then call
-    :meth:`eagle3d.core.ledger.Ledger.finish`."""
+    """Every sample is done: take a last reading of the producer, then tell the ledger
+    (:class:`eagle3d.core.messages.LastReading`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,20 +155,24 @@ class Done:
     code: int
 
 
-Effect = (
-    Record
-    | Submit
-    | Cancel
-    | SeenDump
-    | Commit
-    | RemoveDump
-    | Orphan
-    | Log
-    | Notify
-    | Paused
+#: What the samples need: records, requests, commits, dumps, logs, probes, the feed's slots.
+SampleEffect = (
+    Record | Submit | Cancel | SeenDump | Commit | RemoveDump | Orphan | Log | Probe | Taken
+)
+
+#: What the run's state needs: pauses, sd_notify, the run's start and end, the feed's stop.
+StateEffect = (
+    Paused
     | Resumed
+    | NotifyReady
+    | NotifyStatus
+    | NotifyStopping
+    | NotifyExtendTimeout
+    | Running
     | StopFeed
-    | Taken
     | Finish
     | Done
 )
+
+#: Every effect the ledger answers.
+Effect = SampleEffect | StateEffect

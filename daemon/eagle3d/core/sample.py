@@ -21,6 +21,7 @@ __all__ = [
     "SAVED",
     "SENT",
     "SKIPPED",
+    "CommitJob",
     "Ended",
     "Rejected",
     "Request",
@@ -36,6 +37,7 @@ class Sample:
     input_ids: list[int]
     loss_mask: list[int]
     truncated: bool = False
+    full_length: int = 0  # the row's length before truncation (0: not known)
     attempt: int = 0  # counted attempts (the sample's own failures), this one included
     sends: int = 0  # every send, uncounted ones included: names the request
     rid: str = ""
@@ -46,6 +48,35 @@ class Sample:
     started: bool = False  # the producer said it is computing this attempt
     recount: bool = True  # the next send is a new attempt (False after an uncounted failure)
     commit_retried: bool = False  # a commit that lost its row directory was tried again
+
+
+@dataclass(frozen=True, slots=True)
+class CommitJob:
+    """What a commit thread needs of a dumped sample: a frozen snapshot, made on the loop
+    thread, so that nothing the ledger keeps changing crosses to another thread. The token
+    lists are the feeder's own, which nobody changes once it handed them over."""
+
+    rid: str
+    idx: int
+    input_ids: list[int]
+    loss_mask: list[int]
+    truncated: bool
+    full_length: int  # the row's length before truncation (0: not known)
+    dump_path: str
+    dump_bytes: int
+
+    @classmethod
+    def of(cls, p: Sample) -> CommitJob:
+        return cls(
+            p.rid,
+            p.idx,
+            p.input_ids,
+            p.loss_mask,
+            p.truncated,
+            p.full_length,
+            p.dump_path,
+            p.dump_bytes,
+        )
 
 
 @dataclass(frozen=True, slots=True)

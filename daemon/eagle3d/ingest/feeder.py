@@ -108,7 +108,13 @@ class Feeder:
             item: Sample | Rejected
             try:
                 t = enc.encode(parse_row(idx, raw))
-                item = Sample(idx, list(t.input_ids), list(t.loss_mask), bool(t.truncated))
+                item = Sample(
+                    idx,
+                    list(t.input_ids),
+                    list(t.loss_mask),
+                    bool(t.truncated),
+                    full_length=int(t.full_length),
+                )
             except BadSample as bad:
                 item = Rejected(idx, bad.error, str(bad))
             if not self.hand(item):

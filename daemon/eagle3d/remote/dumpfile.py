@@ -34,8 +34,11 @@ TMP_SUFFIX = ".tmp"
 
 
 def default_aux_layers(num_layers: int) -> list[int]:
-    """SGLang/SpecForge convention: the states entering layers 2, L//2 and L-3."""
-    return [2, num_layers // 2, num_layers - 3]
+    """EAGLE-3's default: the states entering layers 2, L//2 and L-3 (SGLang's), distinct for
+    any model of 4 layers or more (:func:`eagle3d.remote.recipes.default_layers`)."""
+    from eagle3d.remote.recipes import default_layers
+
+    return default_layers("eagle3", num_layers)
 
 
 def dump_path(dump_dir: str, rid: str) -> str:

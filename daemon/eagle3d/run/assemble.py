@@ -1,35 +1,40 @@
 """The pieces of a shard's pipeline, made and wired before the producer starts.
 
 None of them sends anything yet: the feeder starts reading when the daemon says so, and the
-inbox holds every pipeline message until the producer is up (:mod:`eagle3d.run.daemon`).
+ledger holds every message of the samples until the producer is up (:mod:`eagle3d.core.ledger`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from eagle3proto import paths, reducer
 from eagle3proto.paths import Shard
 
 from eagle3d import config
+from eagle3d.core import outcome as oc
 from eagle3d.core.ledger import Ledger, Rules
 from eagle3d.core.resume import ResumeFold
-from eagle3d.core.sample import Sample
+from eagle3d.core.sample import CommitJob
 from eagle3d.ingest.feeder import Feeder
 from eagle3d.produce.base import Producer
 from eagle3d.remote import storedtype
 from eagle3d.run import diskguard, job
 from eagle3d.run.commits import Commits, commit_batch
 from eagle3d.run.inbox import DumpArrived, Fed, FeedFailed, Inbox
-from eagle3d.run.pipeline import Pipeline
+from eagle3d.run.pipeline import Pipeline, Work
 from eagle3d.run.reaper import Reaper, limit_for
 from eagle3d.run.recorder import Recorder
 from eagle3d.run.ticker import Ticker
+from eagle3d.serve.notify import WatchdogPolicy
+
+if TYPE_CHECKING:
+    from eagle3d.store.committer import Committer
 
 log = logging.getLogger("eagle3d")
 
@@ -46,15 +51,6 @@ class Opened:
     run_id: str
     recorder: Recorder
     identity: diskguard.OutputIdentity
-
-
-@dataclass(slots=True)
-class Parts:
-    producer: Producer
-    pipeline: Pipeline
-    feeder: Feeder
-    ticker: Ticker
-    closers: list[Callable[[], None]] = field(default_factory=list)  # in start order
 
 
 @dataclass(slots=True)
@@ -85,36 +81,112 @@ def remove_if_empty(dump_dir: str) -> None:
             return  # not empty (dumps of another shard or job), or already gone
 
 
+def make_ledger(
+    cfg: config.JobConfig,
+    facts: job.JobFacts,
+    run_id: str,
+    where: Where,
+    status: bytearray,
+    session: int,
+    drain_timeout: float,
+) -> Ledger:
+    """The ledger of this shard's run, as the journal's replay left ``status``."""
+    rules = Rules(
+        window=cfg.concurrency or 1,  # the producer's own once it is up
+        max_attempts=cfg.max_attempts,
+        request_timeout=cfg.request_timeout,
+        drain_timeout=drain_timeout,
+        max_failed_fraction=cfg.max_failed_fraction,
+        dump_dir=where.dump_dir,
+        dataset=cfg.dataset,
+    )
+    shard = where.shard
+    return Ledger(
+        status,
+        range(shard.index, len(status), shard.count),
+        facts.total,
+        rules,
+        rid_prefix=f"{run_id[:8]}-{shard.index}-",
+        session=session,
+        # Until the first dump says better: fp32 of every state, per token.
+        bytes_per_token=float((1 + len(facts.layers)) * facts.hidden_size * 4 + 8),
+    )
+
+
 def assemble(
     cfg: config.JobConfig,
     opened: Opened,
     where: Where,
     producer: Producer,
+    pipeline: Pipeline,
+    stack: contextlib.AsyncExitStack[bool | None],
     *,
-    session: int,
     status: bytearray,
     inbox: Inbox,
     state: reducer.ShardState,
-    notifier: Any,
-    watchdog: Any,
-    on_done: Callable[[int], None],
-    drain_timeout: float,
-) -> Parts:
-    """Make the committer, the ledger and its pipeline, the commit threads, the feeder, the
-    ticker and the dump watcher (started: it removes what an earlier run left in the dump
-    area), around ``producer`` (made, and starting, already)."""
+    watchdog: WatchdogPolicy,
+) -> Ticker:
+    """Make the committer, the commit threads, the feeder, the dump watcher (started: it
+    removes what an earlier run left in the dump area) and the ticker around ``producer``
+    (made, and starting, already), and hand ``pipeline`` its :class:`Work`. Each piece's
+    close goes on ``stack`` as it is made: they close in the reverse order."""
     import torch
 
     from eagle3d.dumps.watcher import DumpWatcher
-    from eagle3d.store.committer import Committer
 
-    facts, rec, identity = opened.facts, opened.recorder, opened.identity
+    facts, rec = opened.facts, opened.recorder
     # The daemon's own tensor work (validate, write) is memory-bound: one intra-op thread,
     # so OpenMP spinning never steals cores from a producer on the same host.
     torch.set_num_threads(1)
+    committer = _committer(cfg, opened, where)
+    reaper = Reaper(limit_for(where.dump_dir))
+    stack.callback(reaper.close)
+
+    def body(batch: list[CommitJob]) -> list[oc.AnyOutcome]:
+        return commit_batch(
+            batch, committer, rec, opened.identity, facts.hidden_size, facts.layers, reaper
+        )
+
+    threads = cfg.commit_thread_count()
+    commits = Commits(body, inbox.put, threads, committer)
+    stack.callback(commits.close)
+    feeder = _feeder(cfg, facts, where.shard, status, inbox)
+    stack.callback(feeder.stop)
+    watcher = DumpWatcher(where.dump_dir, lambda path: inbox.put(DumpArrived(path)))
+    watcher.start()
+    stack.callback(watcher.stop)
+    ticker = Ticker(
+        output=where.output,
+        dump_dir=where.dump_dir,
+        recorder=rec,
+        identity=opened.identity,
+        state=state,
+        notifier=pipeline.notifier,
+        watchdog=watchdog,
+        producer=producer,
+        pipeline=pipeline,
+        watcher=watcher,
+        post=inbox.put,
+        pin=facts.pin,
+    )
+
+    async def last_reading() -> None:
+        await asyncio.wait_for(producer.refresh(), 5.0)
+        rec.append(ticker.stats("finished"))
+
+    pipeline.equip(Work(producer, commits, feeder, last_reading, facts.pin))
+    for path in watcher.scan() + watcher.stale_temp_files():
+        pipeline.orphan(path, "left by an earlier run")
+    log.info("committing to %s with %d threads", where.output, threads)
+    return ticker
+
+
+def _committer(cfg: config.JobConfig, opened: Opened, where: Where) -> Committer:
+    from eagle3d.store.committer import Committer
+
     # EAGLE3D_SPLICE=0 takes the splice fast path out: for its A/B (docs/benchmarks.md).
     splice = os.environ.get("EAGLE3D_SPLICE", "1") != "0"
-    store = storedtype.get(facts.job.store_dtype)
+    store = storedtype.get(opened.facts.job.store_dtype)
     committer = Committer(
         where.output,
         store=store,
@@ -126,37 +198,13 @@ def assemble(
     removed = committer.clean_temp_files()  # the staging folder only: no row folder is listed
     if removed:
         log.info("removed %d stray temp file(s) from an earlier crash", removed)
-    rules = Rules(
-        window=cfg.concurrency or 1,  # the producer's own once it is up
-        max_attempts=cfg.max_attempts,
-        request_timeout=cfg.request_timeout,
-        drain_timeout=drain_timeout,
-        max_failed_fraction=cfg.max_failed_fraction,
-        dump_dir=where.dump_dir,
-        dataset=cfg.dataset,
-    )
-    shard = where.shard
-    ledger = Ledger(
-        status,
-        range(shard.index, len(status), shard.count),
-        facts.total,
-        rules,
-        rid_prefix=f"{opened.run_id[:8]}-{shard.index}-",
-        session=session,
-        # Until the first dump says better: fp32 of every state, per token.
-        bytes_per_token=float((1 + len(facts.layers)) * facts.hidden_size * 4 + 8),
-    )
+    return committer
 
-    reaper = Reaper(limit_for(where.dump_dir))
 
-    def body(batch: list[Sample]) -> list[Any]:
-        return commit_batch(
-            batch, committer, rec, identity, facts.hidden_size, facts.layers, reaper
-        )
-
-    threads = cfg.commit_thread_count()
-    commits = Commits(body, inbox.put, threads, committer)
-    feeder = Feeder(
+def _feeder(
+    cfg: config.JobConfig, facts: job.JobFacts, shard: Shard, status: bytearray, inbox: Inbox
+) -> Feeder:
+    return Feeder(
         model=cfg.model,
         dataset=cfg.dataset,
         fmt=facts.fmt,
@@ -170,46 +218,3 @@ def assemble(
         capacity=FEED_AHEAD,
         pin=facts.pin,
     )
-    ticker = Ticker(
-        output=where.output,
-        dump_dir=where.dump_dir,
-        recorder=rec,
-        identity=identity,
-        state=state,
-        notifier=notifier,
-        watchdog=watchdog,
-        pin=facts.pin,
-    )
-    ticker.producer = producer
-
-    async def last_reading() -> None:
-        await asyncio.wait_for(producer.refresh(), 5.0)
-        rec.append(ticker.stats("finished"))
-
-    def notify(method: str, text: str) -> None:
-        getattr(notifier, method)(*((text,) if text else ()))
-
-    pipeline = Pipeline(
-        ledger,
-        producer=producer,
-        recorder=rec,
-        commits=commits,
-        journal_dir=where.journal_dir,
-        dump_dir=where.dump_dir,
-        notify=notify,
-        stop_feed=feeder.stop,
-        take=feeder.taken,
-        last_reading=last_reading,
-        on_done=on_done,
-        pin=facts.pin,
-    )
-    ticker.pipeline = pipeline
-    parts = Parts(producer, pipeline, feeder, ticker, [reaper.close, commits.close, feeder.stop])
-    watcher = DumpWatcher(where.dump_dir, lambda path: inbox.put(DumpArrived(path)))
-    watcher.start()
-    parts.closers.append(watcher.stop)
-    ticker.watcher = watcher
-    for path in watcher.scan() + watcher.stale_temp_files():
-        pipeline.orphan(path, "left by an earlier run")
-    log.info("committing to %s with %d threads", where.output, threads)
-    return parts

@@ -9,6 +9,7 @@ import gc
 import logging
 import os
 import signal
+import time
 
 from eagle3d import config, exitcodes
 from eagle3d.exitcodes import EXIT_CONFIG, EXIT_OK, Fatal
@@ -31,7 +32,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from eagle3d.tools.logsetup import setup_logging
+    from eagle3d.serve.logsetup import setup_logging
 
     setup_logging()
     try:
@@ -41,7 +42,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         log.error("%s", e)
         return EXIT_CONFIG
     try:
-        code = run_job(cfg)
+        code = run_job(cfg, summary=True)
     except Fatal as e:
         log.error("%s", e)
         return e.code
@@ -59,11 +60,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     return code
 
 
-def run_job(cfg: config.JobConfig) -> int:
-    """Run a job in this process (``eagle3d run``, ``eagle3d demo``, the benchmarks)."""
+def run_job(cfg: config.JobConfig, summary: bool = False) -> int:
+    """Run a job in this process (``eagle3d run``, ``eagle3d demo``, the benchmarks);
+    ``summary``: end with the session's summary line (what the journal says)."""
     from eagle3d.run.daemon import Daemon
+    from eagle3d.serve import progress
 
-    return asyncio.run(Daemon(cfg).run())
+    started = time.monotonic()
+    daemon = Daemon(cfg)
+    code = asyncio.run(daemon.run())
+    if summary and daemon.state.total >= 0:
+        log.info("%s", progress.summary(daemon.state, time.monotonic() - started))
+    return code
 
 
 __all__ = ["cmd_run", "register", "run_job"]

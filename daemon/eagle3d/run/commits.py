@@ -1,13 +1,14 @@
 """The commit scheduler: dumps in, typed outcomes out, on a pool of commit threads.
 
-The loop thread queues each dumped sample (:meth:`Commits.submit`, the ledger's ``Commit``
-effect). An idle thread takes its share of what is queued, up to :data:`COMMIT_BATCH`, and
+The loop thread queues each dumped sample's frozen snapshot (:meth:`Commits.submit`, the
+ledger's ``Commit`` effect: a :class:`~eagle3d.core.sample.CommitJob`, never the ledger's own
+sample, which the loop thread goes on changing). An idle thread takes its share of what is queued, up to :data:`COMMIT_BATCH`, and
 :func:`commit_batch` validates, writes, syncs and journals it, with one directory sync, one
 journal sync and one wakeup of the loop for all of it instead of one of each per sample: on
 a CPU producer every wakeup and syscall here is taken from the forward beside it. While the
 threads are busy the queue fills, so batches grow with the load and stay single samples
 when the daemon keeps up. The outcomes go back through the inbox
-(:class:`~eagle3d.run.inbox.Committed`); nothing else crosses back.
+(:class:`~eagle3d.core.messages.Committed`, keyed by request id); nothing else crosses back.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from eagle3proto.paths import sample_relpath
 
 from eagle3d.core import outcome as oc
 from eagle3d.core.envfault import env_errno
-from eagle3d.core.sample import Sample
+from eagle3d.core.sample import CommitJob
 from eagle3d.dumps.format import BadDump, DumpVanished
 from eagle3d.remote import faults
 from eagle3d.run.diskguard import OutputIdentity
@@ -39,7 +40,7 @@ COMMIT_BATCH = 8  # samples a commit thread takes at once
 
 
 def commit_batch(
-    batch: list[Sample],
+    batch: list[CommitJob],
     committer: Committer,
     recorder: Recorder,
     identity: OutputIdentity,
@@ -75,6 +76,7 @@ def commit_batch(
                     tokens=len(p.input_ids),
                     checksum=done.checksum,
                     truncated=p.truncated,
+                    original_tokens=p.full_length if p.truncated else 0,
                 )
                 saved.append((k, rec))
         if saved and not recorder.append_many([rec for _, rec in saved]):
@@ -94,7 +96,9 @@ def commit_batch(
     return out
 
 
-def _write_error(p: Sample, e: CommitError, output: str, identity: OutputIdentity) -> oc.AnyOutcome:
+def _write_error(
+    p: CommitJob, e: CommitError, output: str, identity: OutputIdentity
+) -> oc.AnyOutcome:
     message = f"CommitError: {e}"
     if env_errno(e.errno):  # the environment's, never the sample's: pause, then commit again
         where = os.path.dirname(os.path.join(output, sample_relpath(p.idx)))
@@ -112,7 +116,7 @@ class Commits:
 
     def __init__(
         self,
-        body: Callable[[list[Sample]], list[oc.AnyOutcome]],
+        body: Callable[[list[CommitJob]], list[oc.AnyOutcome]],
         post: Callable[[Committed], None],
         threads: int,
         committer: Committer,
@@ -122,14 +126,14 @@ class Commits:
         self.threads = threads
         self.committer = committer
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="commit")
-        self.queue: deque[Sample] = deque()
+        self.queue: deque[CommitJob] = deque()
         self.busy = 0  # batches running on commit threads
         self.closed = False
 
-    def submit(self, p: Sample, forget_dirs: bool = False) -> None:
+    def submit(self, job: CommitJob, forget_dirs: bool = False) -> None:
         if forget_dirs:
             self.committer.forget_dirs()
-        self.queue.append(p)
+        self.queue.append(job)
         self.start()
 
     def start(self) -> None:
@@ -146,12 +150,12 @@ class Commits:
         self.busy -= 1
         self.start()
 
-    def _run(self, batch: list[Sample]) -> None:
+    def _run(self, batch: list[CommitJob]) -> None:
         results: list[oc.AnyOutcome] = [oc.Internal("the commit thread failed")] * len(batch)
         try:
             results = self.body(batch)
         finally:  # always answered, or the samples would wait for ever
-            self.post(Committed(list(zip(batch, results, strict=True))))
+            self.post(Committed({j.rid: r for j, r in zip(batch, results, strict=True)}))
 
     def close(self) -> None:
         """What is still queued is redone on resume; what runs is finished first."""

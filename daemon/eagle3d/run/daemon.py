@@ -13,20 +13,24 @@ line, the producer (its workers finish what they hold), the dump watcher, the fe
 commit threads (what runs is finished), the journal, the socket, the lock.
 
 Every outside event reaches the loop thread through one :class:`~eagle3d.run.inbox.Inbox`,
-signals included (SIGTERM and SIGINT stop, SIGHUP probes a paused area now).
+signals included (SIGTERM and SIGINT stop, SIGHUP probes a paused area now), and goes to the
+one dispatcher (:meth:`eagle3d.run.pipeline.Pipeline.dispatch`) from the journal's replay
+on; the :class:`~eagle3d.core.ledger.Ledger` decides what each means at every stage (a
+signal before the producer is up, its reports before ``run_started``, the end). The daemon
+only opens what the run needs, in order, each on one :class:`contextlib.AsyncExitStack`:
+what is closed at the end is closed in the reverse order.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import os
 import signal
 import socket
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from eagle3proto import events as ev
 from eagle3proto import paths, reducer
@@ -34,18 +38,34 @@ from eagle3proto.journal import JournalWriter
 from eagle3proto.paths import Shard
 
 from eagle3d import config
-from eagle3d.core.resume import ResumeFold, describe_counts, finish_code, outcome_words
-from eagle3d.core.sample import FAILED, PENDING, SAVED, SKIPPED
-from eagle3d.exitcodes import EXIT_INTERNAL, EXIT_OK, EXIT_PRODUCER, Fatal
+from eagle3d.core import messages as m
+from eagle3d.core.resume import ResumeFold
+from eagle3d.core.sample import SKIPPED
+from eagle3d.exitcodes import EXIT_INTERNAL, EXIT_PRODUCER, Fatal
 from eagle3d.produce.base import Producer
 from eagle3d.produce.factory import make_producer, starting_words
 from eagle3d.remote.threadnames import name_threads
-from eagle3d.run import checkpoints, diskguard, job, preflight, spacecheck
+from eagle3d.run import capture, checkpoints, diskguard, job, preflight, spacecheck
 from eagle3d.run import recorder as recording
-from eagle3d.run.assemble import Opened, Parts, Where, assemble, own_dump_dir, remove_if_empty
+from eagle3d.run.assemble import (
+    Opened,
+    Where,
+    assemble,
+    make_ledger,
+    own_dump_dir,
+    remove_if_empty,
+)
 from eagle3d.run.checkpoints import Checkpoints
-from eagle3d.run.inbox import Hangup, Inbox, JournalFault, ProducerPort, ProducerState, Signalled
+from eagle3d.run.inbox import Inbox, InboxMsg, ProducerPort, Signalled
+from eagle3d.run.pipeline import Pipeline
 from eagle3d.run.recorder import Recorder
+from eagle3d.run.ticker import Ticker
+from eagle3d.serve.notify import Notifier, WatchdogPolicy
+
+if TYPE_CHECKING:
+    from eagle3d.serve.server import EventServer
+
+Stack = contextlib.AsyncExitStack[bool | None]
 
 log = logging.getLogger("eagle3d")
 
@@ -61,55 +81,69 @@ class Daemon:
         self.drain_timeout = drain_timeout
         self.state = reducer.new_state()  # the journal's records folded, for subscribers
         self.status = bytearray()  # a byte per dataset row, resumed from the journal
-        self.inbox = Inbox(self._handle)
+        self.inbox = Inbox(self._receive)
         self.finished = asyncio.Event()
-        self.exit_code = EXIT_OK
-        self.stopping = ""  # a signal before the pipeline runs
-        self.running = False  # the producer is up and the pipeline handles messages
-        self.held: list[object] = []  # pipeline messages from before it runs
-        self.lock: preflight.ShardLock | None = None
-        self.opened: Opened | None = None
-        self.checkpoints: Checkpoints | None = None
-        self.parts: Parts | None = None
-        self.server: Any = None
-        self.dump_dir = ""
-        self.producer: Producer | None = None
-        self.starting: asyncio.Task[None] | None = None  # the producer's start, once begun
-        self.announced = False  # run_started is in the journal
-        self.early: list[ProducerState] = []  # the producer's reports from before it
-        from eagle3d.serve.notify import Notifier, WatchdogPolicy
-
+        self.exit_code = EXIT_INTERNAL
+        self.pipeline: Pipeline | None = None  # from the journal's replay on
+        self.server: EventServer | None = None
         self.notifier = Notifier.from_env()
         self.watchdog = WatchdogPolicy.from_env()
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
-        self.inbox.open(loop)
         # Handlers first: a SIGTERM during the journal replay or the model load must still
-        # end in a clean stop rather than Python's default of dying on the spot.
+        # end in a clean stop rather than Python's default of dying on the spot. What they
+        # put waits in the inbox until the ledger exists to judge it.
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.inbox.put, Signalled(sig))
-        loop.add_signal_handler(signal.SIGHUP, self.inbox.put, Hangup())
-        try:
+        loop.add_signal_handler(signal.SIGHUP, self.inbox.put, m.Hangup())
+        async with contextlib.AsyncExitStack() as stack:
             try:
-                opened = await self._open()
+                return await self._run(stack)
             except Fatal as e:
                 log.error("%s", e)
                 return e.code
-            if self.stopping:
-                return EXIT_OK
-            code = self._already_done(opened)
-            if code is not None:
-                # A Type=notify unit that exits 0 before READY=1 fails with 'protocol' and
-                # is restarted: a finished job started again at boot must be a clean no-op.
-                self.notifier.ready()
-                self.notifier.status("finished: nothing to do")
-                return code
-            return await self._main(opened)
-        finally:
-            await self._shutdown()
 
-    async def _open(self) -> Opened:
+    async def _run(self, stack: Stack) -> int:
+        """Open what the run needs, in order (each close on ``stack``), checking between
+        two steps whether the ledger already says the run is over (a signal, nothing to do)."""
+        opened = await self._open(stack)
+        p = self._begin(opened)
+        if p.ledger.done:  # nothing left to do: the job's capture contract, if it has none
+            capture.write(self.output, opened.facts.capture or {})
+        await asyncio.sleep(0)  # what waited in the inbox (a signal in the replay) is judged
+        if self.finished.is_set():
+            return self.exit_code
+        where = Where(self.shard, self.output, self.jdir, p.dump_dir)
+        producer = await self._launch(stack, opened, where)
+        if not self.cfg.no_space_check:
+            self.notifier.status("checking the space the job needs")
+            args = (self.cfg, opened.facts, self.shard, self.output, self.status)
+            await asyncio.to_thread(spacecheck.check_space, *args)
+        capture.write(self.output, opened.facts.capture or {})
+        if self.finished.is_set():
+            return self.exit_code
+        sock = self._announce(opened, p)
+        await self._start_server(stack, sock)
+        if self.finished.is_set():
+            return self.exit_code
+        ticker = assemble(
+            self.cfg,
+            opened,
+            where,
+            producer.producer,
+            p,
+            stack,
+            status=self.status,
+            inbox=self.inbox,
+            state=self.state,
+            watchdog=self.watchdog,
+        )
+        stack.push_async_callback(producer.stop)  # before the pieces: workers finish theirs
+        stack.callback(ticker.close)  # the progress line's last word, first
+        return await self._start_and_run(stack, p, ticker, producer)
+
+    async def _open(self, stack: Stack) -> Opened:
         """The checks, the lock, the job's facts, the journal replayed and open."""
         cfg = self.cfg
         preflight.check_model(cfg.model)
@@ -119,29 +153,32 @@ class Daemon:
         with preflight.layout_lock(self.output):
             preflight.check_layout(self.output, self.shard)  # a daemon of another layout won
             os.makedirs(self.jdir, exist_ok=True)
-        self.lock = preflight.ShardLock(paths.lock_path(self.output, self.shard))
-        self.lock.acquire()
+        lock = preflight.ShardLock(paths.lock_path(self.output, self.shard))
+        lock.acquire()
+        stack.callback(lock.release)
         self.notifier.status("reading dataset and journal")
         facts = await asyncio.to_thread(job.describe, cfg, self.shard, self.output)
         self.status[:] = bytearray(facts.lines)
         # Every record reaches subscribers through the inbox, and the checkpoint writer.
-        self.checkpoints = Checkpoints(self.jdir, self.inbox.put)
+        ckpts = Checkpoints(self.jdir, self.inbox.put)
         journal = JournalWriter(
             self.jdir,
             shard_index=self.shard.index,
             shard_count=self.shard.count,
-            listener=self.checkpoints.listener,
-            on_position=self.checkpoints.on_position,
+            listener=ckpts.listener,
+            on_position=ckpts.on_position,
             fileops=recording.FaultFileOps(),  # a module attribute: tests slot a layer under it
         )
         resume = ResumeFold(self.status, self.state)
         start = await asyncio.to_thread(checkpoints.restore, resume, self.jdir)
         journal.open(resume.sink, start)
-        self.checkpoints.seed(resume)
+        ckpts.seed(resume)
+        stack.callback(ckpts.close)  # after the journal's last record: a clean stop's fold
         reserve = diskguard.Reserve(os.path.join(self.jdir, ".reserve"))
         recorder = Recorder(journal, self.inbox.put, reserve)
         identity = diskguard.OutputIdentity(self.output, self.jdir, journal.segment)
-        self.opened = Opened(facts, resume, journal.run_id, recorder, identity)
+        stack.callback(identity.close)
+        stack.callback(recorder.close)
         for i in facts.blank:  # no samples: skipped, whatever an older version made of them
             self.status[i] = SKIPPED
         reserve.make()
@@ -150,60 +187,62 @@ class Daemon:
         )
         if forced:
             log.warning("resuming a changed job because of --force-resume (%s)", forced)
-        if self._counts()[0]:  # work left: the producer loads while the rest is made ready
-            await self._launch_producer(facts, journal.run_id)
-        if not cfg.no_space_check:
-            self.notifier.status("checking the space the job needs")
-            args = (cfg, facts, self.shard, self.output, self.status)
-            await asyncio.to_thread(spacecheck.check_space, *args)
-        return self.opened
+        forced = capture.check(self.output, facts.capture or {}, cfg.force_resume)
+        if forced:
+            log.warning("resuming with a changed model (%s) because of --force-resume", forced)
+        return Opened(facts, resume, journal.run_id, recorder, identity)
 
-    async def _launch_producer(self, facts: job.JobFacts, run_id: str) -> None:
+    def _begin(self, opened: Opened) -> Pipeline:
+        """The ledger from the journal's replay, the pipeline around it, and the inbox open
+        to it: from here on the ledger judges every message."""
+        cfg = self.cfg
+        dump_dir = cfg.dump_dir or own_dump_dir(opened.run_id, self.shard)
+        where = Where(self.shard, self.output, self.jdir, dump_dir)
+        session = self.state.session + 1
+        ledger = make_ledger(
+            cfg, opened.facts, opened.run_id, where, self.status, session, self.drain_timeout
+        )
+        p = self.pipeline = Pipeline(
+            ledger,
+            recorder=opened.recorder,
+            notifier=self.notifier,
+            publish=self._published,
+            post=self.inbox.put,
+            journal_dir=self.jdir,
+            dump_dir=dump_dir,
+            on_done=self._set_done,
+        )
+        self.inbox.open(asyncio.get_running_loop())
+        p.handle(m.Replayed(opened.resume.finished_last), time.monotonic())
+        return p
+
+    async def _launch(self, stack: Stack, opened: Opened, where: Where) -> ProducerStart:
         """Begin the producer's start (worker processes loading the model, or the wait for a
         server). Before this the daemon has imported nothing heavy (no torch): on a CPU the
         workers' start and the daemon's own imports then share the cores instead of taking
         turns (docs/benchmarks.md, "Whole short job")."""
-        cfg = self.cfg
-        self.dump_dir = cfg.dump_dir or own_dump_dir(run_id, self.shard)
-        self.producer = make_producer(
+        cfg, facts = self.cfg, opened.facts
+        producer = make_producer(
             cfg,
-            dump_dir=self.dump_dir,
+            dump_dir=where.dump_dir,
             hidden_size=facts.hidden_size,
             layers=facts.layers,
             store_dtype=facts.job.store_dtype,
         )
-        port = ProducerPort(self.inbox)
+        if not cfg.dump_dir:  # the run's own folder; a --dump-dir is the operator's
+            stack.callback(remove_if_empty, where.dump_dir)
+        start = ProducerStart(producer, ProducerPort(self.inbox))
+        stack.push_async_callback(start.stop)  # a start refused (the space check) or cut short
         try:
-            await self.producer.launch(port)
+            await producer.launch(start.port)
         except Exception as e:
             raise Fatal(EXIT_PRODUCER, f"producer {cfg.backend} failed to start: {e}") from e
-        self.starting = asyncio.create_task(self.producer.start(port))
+        start.begin()
+        return start
 
-    def _counts(self) -> tuple[list[int], int, int]:
-        """(this shard's pending rows, saved, failed)."""
-        ids = range(self.shard.index, len(self.status), self.shard.count)
-        status = self.status
-        pending = [i for i in ids if status[i] == PENDING]
-        saved = sum(1 for i in ids if status[i] == SAVED)
-        return pending, saved, sum(1 for i in ids if status[i] == FAILED)
-
-    def _already_done(self, opened: Opened) -> int | None:
-        """The exit status of a job with nothing left to do, else None."""
-        pending, saved, failed = self._counts()
-        if pending:
-            return None
-        total, fraction = opened.facts.total, self.cfg.max_failed_fraction
-        code = finish_code(saved, failed, total, fraction)
-        if not opened.resume.finished_last:
-            opened.recorder.append(ev.RunFinished(saved=saved, failed=failed, exit_code=code))
-        counts = describe_counts(saved, failed, total)
-        log.info("nothing to do: job already finished (%s) in %s", counts, self.output)
-        words = outcome_words(code, failed, total, fraction)
-        if words:
-            log.error("%s", words)
-        return code
-
-    async def _main(self, opened: Opened) -> int:
+    def _announce(self, opened: Opened, p: Pipeline) -> str:
+        """``run_started`` (after the records that reopen what an earlier run failed for the
+        environment's fault); returns the event socket's path."""
         cfg, facts, rec = self.cfg, opened.facts, opened.recorder
         sock = cfg.socket or paths.default_socket_path(self.output, self.shard)
         reopen = opened.resume.reopening_records()
@@ -216,12 +255,11 @@ class Daemon:
                 len(ids),
                 shown,
             )
-        _, saved, failed = self._counts()
-        session = self.state.session + 1
+        saved, failed = p.ledger.counts()
         started = ev.RunStarted(
             job=facts.job,
             total=facts.total,
-            session=session,
+            session=p.ledger.session,
             pid=os.getpid(),
             host=socket.gethostname(),
             socket=sock,
@@ -232,10 +270,7 @@ class Daemon:
         )
         if not rec.append(started):
             raise Fatal(EXIT_INTERNAL, f"the journal in {self.jdir} refused run_started")
-        self.announced = True
-        early, self.early = self.early, []
-        for m in early:
-            self._producer_state(m)
+        p.handle(m.Announced(), time.monotonic())
         log.info(
             "job %s shard %s: %d samples, %d already saved, %d failed; session %d",
             opened.run_id[:8],
@@ -243,98 +278,49 @@ class Daemon:
             facts.total,
             saved,
             failed,
-            session,
+            p.ledger.session,
         )
         if facts.blank:
             log.info("%d blank line(s) of %s skipped (no samples)", len(facts.blank), cfg.dataset)
-        await self._start_server(sock)
-        assert self.producer is not None  # launched by _open: there are pending rows
-        where = Where(self.shard, self.output, self.jdir, self.dump_dir)
-        parts = self.parts = assemble(
-            cfg,
-            opened,
-            where,
-            self.producer,
-            session=session,
-            status=self.status,
-            inbox=self.inbox,
-            state=self.state,
-            notifier=self.notifier,
-            watchdog=self.watchdog,
-            on_done=self._set_done,
-            drain_timeout=self.drain_timeout,
-        )
-        # The feeder tokenizes while the producer loads; what it hands over waits in
-        # ``held`` until the producer is up.
-        parts.feeder.start()
-        starting = asyncio.create_task(self._start_producer(parts, rec))
-        stop = asyncio.create_task(self.finished.wait())
-        await asyncio.wait({starting, stop}, return_when=asyncio.FIRST_COMPLETED)
-        stop.cancel()
-        if self.stopping:  # a signal during the model load: stop without starting work
-            starting.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Fatal):
-                await starting
-            rec.append(ev.RunStopped(reason=f"{self.stopping} while starting", exit_code=EXIT_OK))
-            return EXIT_OK
-        try:
-            window = starting.result()
-        except Fatal as e:
-            log.error("%s", e)
-            rec.append(ev.RunStopped(reason=str(e), exit_code=e.code))
-            return e.code
-        return await self._run_pipeline(parts, window)
+        return sock
 
-    async def _start_producer(self, parts: Parts, rec: Recorder) -> int:
-        """Start the producer (journaled, so that a monitor shows a load and for how long,
-        not a stall); returns its window."""
-        cfg, producer = self.cfg, parts.producer
-        self.notifier.extend_timeout(600_000_000)
-        self.notifier.status(f"starting producer {cfg.backend}")
+    async def _start_and_run(
+        self, stack: Stack, p: Pipeline, ticker: Ticker, start: ProducerStart
+    ) -> int:
+        """The feeder reads while the producer starts; once it is up (or failed, or a signal
+        came first) the ledger knows, and the run goes on until it says it is done."""
+        cfg = self.cfg
+        assert p.work is not None  # assemble equipped it
+        p.work.feeder.start()
         phase, what = starting_words(cfg)
-        log.info("%s", what)
-        rec.append(ev.RunState(state=phase, reason=what))
-        beat = asyncio.create_task(parts.ticker.while_starting(phase))
-        try:
-            assert self.starting is not None
-            await self.starting
-        except Exception as e:
-            raise Fatal(EXIT_PRODUCER, f"producer {cfg.backend} failed to start: {e}") from e
-        finally:
-            beat.cancel()
-        window = cfg.concurrency or producer.window()
-        self.notifier.ready()
-        rec.append(ev.RunState(state="running", reason=f"producer {cfg.backend} up"))
-        log.info("producer %s up; window %d; dumps in %s", cfg.backend, window, self.dump_dir)
-        return window
-
-    async def _run_pipeline(self, parts: Parts, window: int) -> int:
-        p, now = parts.pipeline, time.monotonic()
-        led = p.ledger
-        led.rules = dataclasses.replace(led.rules, window=window)
-        led.last_progress = now
-        p.read_dump_area(now)
-        self.running = True
-        parts.feeder.widen(window)
-        held, self.held = self.held, []
-        for msg in held:
-            p.handle(msg, now)
-        name_threads()
-        tick = asyncio.create_task(parts.ticker.run())
-        try:
-            await self.finished.wait()
+        p.handle(m.ProducerStarting(cfg.backend, phase, what), time.monotonic())
+        beat = asyncio.create_task(ticker.while_starting(phase))
+        stop = asyncio.create_task(self.finished.wait())
+        await asyncio.wait({start.task(), stop}, return_when=asyncio.FIRST_COMPLETED)
+        beat.cancel()
+        stop.cancel()
+        if self.finished.is_set():  # a signal during the model load: the ledger stopped
             return self.exit_code
-        finally:
-            tick.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await tick
+        try:
+            start.task().result()
+        except Exception as e:
+            why = f"producer {cfg.backend} failed to start: {e}"
+            self.inbox.put(m.ProducerFailed(why, EXIT_PRODUCER))
+        else:
+            window = cfg.concurrency or start.producer.window()
+            self.inbox.put(m.ProducerUp(cfg.backend, window))
+            name_threads()
+            tick = asyncio.create_task(ticker.run())
+            stack.callback(tick.cancel)
+        await self.finished.wait()
+        return self.exit_code
 
     def _set_done(self, code: int) -> None:
         if not self.finished.is_set():
             self.exit_code = code
             self.finished.set()
 
-    async def _start_server(self, sock: str) -> None:
+    async def _start_server(self, stack: Stack, sock: str) -> None:
         from eagle3d.serve.server import EventServer
 
         server = EventServer(
@@ -351,38 +337,19 @@ class Daemon:
             log.warning("no live socket at %s: %s (monitors fall back to the journal)", sock, e)
             return
         self.server = server
+        stack.push_async_callback(self._close_server, server)
+
+    async def _close_server(self, server: EventServer) -> None:
+        await asyncio.sleep(0)  # the journal's last records reach subscribers
+        with contextlib.suppress(Exception):
+            await server.close()
 
     # -- the inbox -----------------------------------------------------------------------
 
-    def _handle(self, msgs: list[object]) -> None:
-        now = time.monotonic()
-        for m in msgs:
-            if isinstance(m, ev.Event):
-                self._published(m)
-            elif isinstance(m, Signalled):
-                self._on_signal(signal.Signals(m.signum).name, now)
-            elif isinstance(m, Hangup):
-                self._on_hup(now)
-            elif isinstance(m, ProducerState):
-                self._producer_state(m)
-            elif self.running and self.parts is not None:
-                self.parts.pipeline.handle(m, now)
-            elif isinstance(m, JournalFault) and not m.pause:
-                log.error("journal failure before the run started: %s", m.message)
-                self.stopping = f"journal failure: {m.message}"
-                self._set_done(EXIT_INTERNAL)
-            else:
-                self.held.append(m)  # handled once the producer is up
-
-    def _producer_state(self, m: ProducerState) -> None:
-        """Logged and journaled; one from before ``run_started`` waits for it."""
-        if not self.announced:
-            self.early.append(m)
-            return
-        level = logging.INFO if m.state == "up" else logging.WARNING
-        log.log(level, "producer %s: %s", m.state, m.message)
-        if self.opened is not None:
-            self.opened.recorder.append(ev.ProducerEvent(state=m.state, message=m.message))
+    def _receive(self, msgs: list[InboxMsg]) -> None:
+        """The inbox's burst, to the one dispatcher (the inbox opens once it exists)."""
+        assert self.pipeline is not None
+        self.pipeline.receive(msgs)
 
     def _published(self, e: ev.Event) -> None:
         """A record the journal holds (its listener, through the inbox): folded into the
@@ -391,59 +358,35 @@ class Daemon:
         if self.server is not None:
             self.server.publish(e)
 
-    def _on_signal(self, name: str, now: float) -> None:
-        if self.running and self.parts is not None:
-            p = self.parts.pipeline
-            p.apply(p.ledger.stop(name, now))
-            return
-        if self.stopping:
-            return
-        self.stopping = f"signal {name}"
-        if self.parts is not None:
-            self.parts.feeder.stop()
-        self.notifier.stopping()
-        log.info("%s before the pipeline started: stopping", name)
-        self._set_done(EXIT_OK)
 
-    def _on_hup(self, now: float) -> None:
-        """SIGHUP: probe the paused areas now instead of at the next interval."""
-        p = self.parts.pipeline if self.running and self.parts is not None else None
-        if p is None or not p.ledger.faults:
-            log.info("SIGHUP: nothing is paused")
+class ProducerStart:
+    """The producer and its start, stopped once: the stop has two places in the daemon's
+    stack (a start cut short before the pipeline's pieces exist; the pipeline's end, before
+    them), and whichever comes first stops it."""
+
+    def __init__(self, producer: Producer, port: ProducerPort) -> None:
+        self.producer = producer
+        self.port = port
+        self._task: asyncio.Task[None] | None = None
+        self._stopped = False
+
+    def begin(self) -> None:
+        self._task = asyncio.create_task(self.producer.start(self.port))
+
+    def task(self) -> asyncio.Task[None]:
+        assert self._task is not None  # begun by the daemon's _launch
+        return self._task
+
+    async def stop(self) -> None:
+        if self._stopped:
             return
-        log.info("SIGHUP: trying the paused area(s) again now")
-        results = diskguard.probe(p.ledger.probes_due(now, force=True))
-        p.apply(p.ledger.probed(results, now, force=True))
-
-    # -- stopping ------------------------------------------------------------------------
-
-    async def _shutdown(self) -> None:
-        parts, opened = self.parts, self.opened
-        if parts is not None:
-            parts.ticker.close()
-        if self.starting is not None and not self.starting.done():
-            self.starting.cancel()  # a start refused (the space check) or stopped midway
+        self._stopped = True
+        if self._task is not None and not self._task.done():
+            self._task.cancel()  # a start refused (the space check) or stopped midway
             with contextlib.suppress(BaseException):
-                await self.starting
-        if self.producer is not None:
-            with contextlib.suppress(Exception):
-                await self.producer.stop()
-        if parts is not None:
-            for close in reversed(parts.closers):
-                close()
-        if opened is not None:
-            opened.recorder.close()
-            opened.identity.close()
-        if self.checkpoints is not None:
-            self.checkpoints.close()  # after the journal's last record: a clean stop's fold
-        if not self.cfg.dump_dir:  # the run's own folder; a --dump-dir is the operator's
-            remove_if_empty(self.dump_dir)
-        await asyncio.sleep(0)  # the journal's last records reach subscribers
-        if self.server is not None:
-            with contextlib.suppress(Exception):
-                await self.server.close()
-        if self.lock is not None:
-            self.lock.release()
+                await self._task
+        with contextlib.suppress(Exception):
+            await self.producer.stop()
 
 
 __all__ = ["Daemon"]

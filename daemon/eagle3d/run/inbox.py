@@ -5,7 +5,8 @@ arrivals, the producer's reports, the commit threads' outcomes, the recorder's j
 faults, every journal record to publish (the journal's listener), and signals. A message is
 put from any thread and handled on the loop thread, in the order put; whatever is put while
 the loop is busy is handled in one burst, with one wakeup of the loop (each wakeup of the
-loop thread is CPU taken from a CPU producer beside it).
+loop thread is CPU taken from a CPU producer beside it). Every message is typed: the union
+:data:`InboxMsg`, which :meth:`eagle3d.run.pipeline.Pipeline.dispatch` matches exhaustively.
 """
 
 from __future__ import annotations
@@ -13,49 +14,34 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TypeAlias
 
 import msgspec
+from eagle3proto import events as ev
 
-from eagle3d.core.outcome import AnyOutcome
+from eagle3d.core import messages as m
+from eagle3d.core.messages import Committed, Fed, FeedFailed
+
+__all__ = [
+    "Committed",
+    "DumpArrived",
+    "Fed",
+    "FeedFailed",
+    "Inbox",
+    "InboxMsg",
+    "JournalFault",
+    "ProducerPort",
+    "Signalled",
+]
 
 
-class Fed(msgspec.Struct, tag=True):
-    """The feeder's next item: a :class:`~eagle3d.core.sample.Sample`, a ``Rejected`` row,
-    or ``Ended``."""
-
-    item: Any
-
-
-class DumpArrived(msgspec.Struct, tag=True):
+class DumpArrived(msgspec.Struct, tag=True, frozen=True):
     """A complete dump appeared in the dump area (the watcher, or its periodic scan)."""
 
     path: str
 
 
-class RequestFailed(msgspec.Struct, tag=True):
-    rid: str
-    error: str
-    message: str
-    retryable: bool
-
-
-class ProducerState(msgspec.Struct, tag=True):
-    state: str  # up | down | restarting | waiting
-    message: str
-
-
-class RequestsStarted(msgspec.Struct, tag=True):
-    rids: list[str]
-
-
-class Committed(msgspec.Struct, tag=True):
-    """A commit thread's batch: each sample with its outcome."""
-
-    results: list[tuple[Any, AnyOutcome]]
-
-
-class JournalFault(msgspec.Struct, tag=True):
+class JournalFault(msgspec.Struct, tag=True, frozen=True):
     """The journal refused a record. ``pause``: an environment errno on a journal still
     open (the run pauses on it); otherwise nothing can cure it and the run stops."""
 
@@ -64,31 +50,25 @@ class JournalFault(msgspec.Struct, tag=True):
     pause: bool
 
 
-class Signalled(msgspec.Struct, tag=True):
+class Signalled(msgspec.Struct, tag=True, frozen=True):
     signum: int  # SIGTERM or SIGINT: stop
 
 
-class Hangup(msgspec.Struct, tag=True):
-    """SIGHUP: probe the paused areas now."""
-
-
-class FeedFailed(msgspec.Struct, tag=True):
-    """The feeder could not go on (its tokenizer, the dataset file); ``changed``: the
-    dataset is not what the run pinned at its start (stop with exit 6)."""
-
-    message: str
-    changed: bool = False
+#: Everything the inbox carries: the ledger's own messages (from the feeder, the producer,
+#: the commit threads, the daemon's start), what the shell must look at first (a dump's
+#: size, the journal's fault, a signal's name), and every journal record to publish.
+InboxMsg: TypeAlias = m.Msg | DumpArrived | JournalFault | Signalled | ev.Event
 
 
 class Inbox:
     """Messages put from any thread reach ``handle(messages)`` on the loop, in order
     (those put before :meth:`open` are handled once it is open)."""
 
-    def __init__(self, handle: Callable[[list[object]], None]) -> None:
+    def __init__(self, handle: Callable[[list[InboxMsg]], None]) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._handle = handle
         self._lock = threading.Lock()
-        self._items: list[object] = []
+        self._items: list[InboxMsg] = []
         self._scheduled = False
 
     def open(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -100,7 +80,7 @@ class Inbox:
         if waiting:
             loop.call_soon_threadsafe(self._drain)
 
-    def put(self, msg: object) -> None:
+    def put(self, msg: InboxMsg) -> None:
         """Queue ``msg`` (any thread); a no-op once the loop is closed."""
         with self._lock:
             self._items.append(msg)
@@ -128,10 +108,10 @@ class ProducerPort:
         self._put = inbox.put
 
     def request_failed(self, rid: str, error: str, message: str, retryable: bool) -> None:
-        self._put(RequestFailed(rid, error, message, retryable))
+        self._put(m.RequestFailed(rid, error, message, retryable))
 
     def producer_state(self, state: str, message: str = "") -> None:
-        self._put(ProducerState(state, message))
+        self._put(m.ProducerReport(state, message))
 
     def requests_started(self, rids: list[str]) -> None:
-        self._put(RequestsStarted(list(rids)))
+        self._put(m.Started(list(rids)))

@@ -15,8 +15,8 @@ from eagle3proto.paths import Shard
 
 from eagle3d import __version__, config
 from eagle3d.exitcodes import EXIT_CONFIG, EXIT_FINGERPRINT, Fatal
-from eagle3d.remote import storedtype
-from eagle3d.remote.dumpfile import default_aux_layers
+from eagle3d.remote import recipes, storedtype
+from eagle3d.run import capture
 
 #: JobInfo fields shown when a fingerprint differs (the fingerprint also covers the model).
 COMPARED = (
@@ -25,6 +25,7 @@ COMPARED = (
     "dataset_sha",
     "model",
     "aux_layers",
+    "recipe",
     "max_length",
     "on_overflow",
     "store_dtype",
@@ -41,6 +42,7 @@ class JobFacts:
     blank: list[int]  # ids of this shard's blank lines: skipped
     fmt: Any = None  # the dataset's dataformats.Format
     pin: Any = None  # the dataset as found at the start (ingest.pin.Pin)
+    capture: dict[str, Any] | None = None  # the capture contract (eagle3d.run.capture)
 
 
 def describe(cfg: config.JobConfig, shard: Shard, output: str) -> JobFacts:
@@ -49,10 +51,12 @@ def describe(cfg: config.JobConfig, shard: Shard, output: str) -> JobFacts:
 
     mcfg = config.model_config(cfg.model)
     n_layers = int(mcfg["num_hidden_layers"])
-    layers = cfg.aux_layers or default_aux_layers(n_layers)
-    bad = [i for i in layers if not 0 <= i < n_layers]
-    if bad:
-        raise Fatal(EXIT_CONFIG, f"aux_layers {bad} outside 0..{n_layers - 1} of {cfg.model}")
+    try:
+        recipe, layers, source = recipes.resolve_job(
+            cfg.recipe, cfg.target_layers(), cfg.draft_config, n_layers
+        )
+    except recipes.LayerError as e:
+        raise Fatal(EXIT_CONFIG, f"{cfg.model}: {e}") from e
     try:  # pinned first: the rows are counted, and later read, from what was hashed
         pinned = pin.take(cfg.dataset)
         fmt = dataformats.detect(cfg.dataset)
@@ -73,6 +77,7 @@ def describe(cfg: config.JobConfig, shard: Shard, output: str) -> JobFacts:
         dataset_bytes=pinned.size,
         dataset_sha=pinned.sha,
         aux_layers=layers,
+        recipe="" if recipe == recipes.DEFAULT else recipe,
         output=output,
         shard_index=shard.index,
         shard_count=shard.count,
@@ -82,19 +87,22 @@ def describe(cfg: config.JobConfig, shard: Shard, output: str) -> JobFacts:
         store_dtype=store.name,
         version=__version__,
     )
-    job.fingerprint = config.fingerprint(
-        {
-            "model_config": model_sha,
-            "dataset_sha": job.dataset_sha,
-            "aux_layers": job.aux_layers,
-            "max_length": job.max_length,
-            "on_overflow": job.on_overflow,
-            "store_dtype": job.store_dtype,
-            "shard": [job.shard_index, job.shard_count],
-        }
-    )
+    parts = {
+        "model_config": model_sha,
+        "dataset_sha": job.dataset_sha,
+        "aux_layers": job.aux_layers,
+        "max_length": job.max_length,
+        "on_overflow": job.on_overflow,
+        "store_dtype": job.store_dtype,
+        "shard": [job.shard_index, job.shard_count],
+    }
+    if job.recipe:  # not in an EAGLE-3 job's parts: older outputs resume as before
+        parts["recipe"] = job.recipe
+    job.fingerprint = config.fingerprint(parts)
     total = len(range(shard.index, lines, shard.count)) - len(blank)
-    return JobFacts(job, total, lines, int(mcfg["hidden_size"]), layers, blank, fmt, pinned)
+    contract = capture.contract(cfg, recipe, layers, source, store.name)
+    hidden = int(mcfg["hidden_size"])
+    return JobFacts(job, total, lines, hidden, layers, blank, fmt, pinned, contract)
 
 
 def check_fingerprint(last: ev.RunStarted | None, job: ev.JobInfo, force: bool, output: str) -> str:

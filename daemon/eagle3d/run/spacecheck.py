@@ -1,6 +1,6 @@
 """``eagle3d run``'s space check at start: a job whose remaining samples do not fit on the
 output's filesystem with the reserve (``--space-reserve``) is refused with exit 10, before
-anything is sent. The estimate is ``eagle3d plan``'s (:func:`eagle3d.tools.plan.check_run`),
+anything is sent. The estimate is ``eagle3d plan``'s (:func:`eagle3d.run.estimate.check_run`),
 on this shard's pending rows as the resumed journal says; ``--no-space-check`` skips it.
 
 First, the ceiling: with a ``max_length``, no sample holds more tokens, so the pending rows at
@@ -27,13 +27,13 @@ def check_space(
 ) -> None:
     """Raise :class:`Fatal` (exit 10) when the rest of the job does not fit; log the
     estimate otherwise. Runs off the event loop (it tokenizes rows)."""
+    from eagle3d.run import estimate
     from eagle3d.store import sizing
-    from eagle3d.tools import plan
 
     if fits_at_most(cfg, facts, shard, output, status):
         return
     try:
-        report = plan.check_run(cfg, facts, shard, output, status)
+        report = estimate.check_run(cfg, facts, shard, output, status)
     except Exception as e:  # the check must never be why a job cannot start
         log.warning("space check skipped: %s: %s", type(e).__name__, e)
         return

@@ -14,19 +14,24 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from eagle3proto import events as ev
 from eagle3proto import reducer, views
 
+from eagle3d.core import messages as m
+from eagle3d.ingest.pin import Pin
+from eagle3d.produce.base import Producer
 from eagle3d.remote.threadnames import name_threads
 from eagle3d.run import diskguard
+from eagle3d.run.inbox import DumpArrived, InboxMsg
+from eagle3d.run.pipeline import Pipeline
+from eagle3d.run.recorder import Recorder
+from eagle3d.serve.notify import Notifier, WatchdogPolicy
 
 if TYPE_CHECKING:
     from eagle3d.dumps.watcher import DumpWatcher
-    from eagle3d.produce.base import Producer
-    from eagle3d.run.pipeline import Pipeline
-    from eagle3d.run.recorder import Recorder
     from eagle3d.serve.progress import ProgressLine
     from eagle3d.serve.telemetry import Telemetry
 
@@ -36,7 +41,8 @@ SCAN_EVERY = 5  # ticks between two scans of the dump area
 
 
 class Ticker:
-    """The daemon's clock-driven work; :attr:`pipeline` is set once the pipeline runs."""
+    """The daemon's clock-driven work around ``pipeline``: what needs the ledger's
+    judgement goes to the inbox (``post``) as a message, like every other event."""
 
     def __init__(
         self,
@@ -46,9 +52,13 @@ class Ticker:
         recorder: Recorder,
         identity: diskguard.OutputIdentity,
         state: reducer.ShardState,
-        notifier: Any = None,
-        watchdog: Any = None,
-        pin: Any = None,
+        notifier: Notifier,
+        watchdog: WatchdogPolicy,
+        producer: Producer,
+        pipeline: Pipeline,
+        watcher: DumpWatcher,
+        post: Callable[[InboxMsg], None],
+        pin: Pin | None = None,
     ) -> None:
         self.output = output
         self.dump_dir = dump_dir
@@ -57,10 +67,11 @@ class Ticker:
         self.state = state
         self.notifier = notifier
         self.watchdog = watchdog
-        self.pin = pin  # the dataset as pinned at the start (ingest.pin.Pin), or None
-        self.producer: Producer | None = None
-        self.pipeline: Pipeline | None = None
-        self.watcher: DumpWatcher | None = None
+        self.producer = producer
+        self.pipeline = pipeline
+        self.watcher = watcher
+        self.post = post
+        self.pin = pin  # the dataset as pinned at the start, or None
         self._telemetry: Telemetry | None = None
         self._progress: ProgressLine | None = None
 
@@ -72,9 +83,9 @@ class Ticker:
             self._telemetry = Telemetry(self.output, self.dump_dir)
         p = self.pipeline
         stats = self._telemetry.sample(
-            producer_health=self.producer.health() if self.producer is not None else None,
-            inflight=len(p.ledger.inflight) if p is not None else 0,
-            orphans=p.orphans if p is not None else 0,
+            producer_health=self.producer.health(),
+            inflight=len(p.ledger.inflight),
+            orphans=p.orphans.count,
             producer_rss=producer_rss,
         )
         stats.state = phase
@@ -97,30 +108,25 @@ class Ticker:
 
     def tick(self, now: float, n: int) -> bool:
         """One tick; False once the run is over (the output was lost)."""
-        p = self.pipeline
-        assert p is not None and self.producer is not None
-        led = p.ledger
         gone = self.identity.check()
         if gone:
-            p.apply(led.lose(gone, now))
+            self.post(m.Lose(gone))
             return False
         changed = self.pin.changed() if self.pin is not None else ""
         if changed:
-            p.apply(led.dataset_changed(changed, now))
+            self.post(m.DatasetChanged(changed))
             return False
-        p.apply(led.tick(now, self.producer.health().up))
-        probes = led.probes_due(now)
-        if probes:
-            p.apply(led.probed(diskguard.probe(probes), now))
-        p.read_dump_area(now)  # its room may have grown: the window is asked again
-        if n % SCAN_EVERY == 0 and self.watcher is not None:
+        # The ledger's clocks (timeouts, the drain's deadline, the probes of a pause) and
+        # the window asked again (the dump area's room may have grown).
+        self.post(m.Tick(self.producer.health().up))
+        if n % SCAN_EVERY == 0:
             if self.watcher.rearm():
                 log.warning(
                     "dump area %s was removed or replaced: watching it again", self.dump_dir
                 )
             for path in self.watcher.scan():
-                p.dump_arrived(path, now)  # the safety net for a lost inotify event
-        self.recorder.append(self.stats(led.phase))
+                self.post(DumpArrived(path))  # the safety net for a lost inotify event
+        self.recorder.append(self.stats(self.pipeline.ledger.phase))
         self.heartbeat(now)
         name_threads()  # the commit pool starts its threads as work comes
         self.show()
@@ -128,8 +134,6 @@ class Ticker:
 
     def heartbeat(self, now: float) -> None:
         """sd_notify's STATUS line, and a watchdog ping while the pipeline is alive."""
-        if self.notifier is None or self.pipeline is None or self.producer is None:
-            return
         from eagle3d.serve.notify import format_status
 
         led = self.pipeline.ledger

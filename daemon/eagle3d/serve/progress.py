@@ -18,7 +18,7 @@ from typing import Any, TextIO
 
 from eagle3proto import views
 from eagle3proto.reducer import ShardState
-from eagle3proto.units import duration, rate
+from eagle3proto.units import duration, rate, size
 
 log = logging.getLogger("eagle3d")
 
@@ -40,6 +40,7 @@ def describe(s: ShardState, now: float) -> str:
     total = f"{v.total:,}" if v.total >= 0 else "?"
     saved = f"saved {v.saved:,}/{total} ({v.percent:.1f}%)"
     failed = f" · {v.failed:,} failed" if v.failed else ""
+    failed += f" · {v.truncated:,} truncated" if v.truncated else ""
     if s.state == "finished":
         return f"finished: {saved}{failed}"
     head = ""
@@ -51,13 +52,39 @@ def describe(s: ShardState, now: float) -> str:
         head = f"stopped: {s.state_reason} · " if s.state_reason else "stopped · "
     elif s.producer == "down":
         head = f"producer down: {s.producer_message} · " if s.producer_message else ""
-    speed = f" · {rate(v.rate_eta.samples_s, 'samples')} · {v.rate_eta.tokens_s:,.0f} tok/s"
+    speed = f" · {rate(v.rate_1m.samples_s, 'samples')} · {v.rate_1m.tokens_s:,.0f} tok/s"
     if v.eta_frozen:
         eta = f" · ETA {duration(v.eta_s)} (frozen)" if v.eta_s is not None else ""
     else:
         eta = f" · ETA {duration(v.eta_s)}" if v.eta_s is not None else " · ETA unknown yet"
     busy = f" · in flight {v.in_flight:,}" if s.state == "running" else ""
     return f"{head}{saved}{failed}{busy}{speed}{eta}"
+
+
+def failures_by_reason(s: ShardState) -> dict[str, int]:
+    """Samples failed for good, counted by reason (most first)."""
+    by: dict[str, int] = {}
+    for why in s.failed_idx.values():
+        by[why] = by.get(why, 0) + 1
+    return dict(sorted(by.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def summary(s: ShardState, took_s: float) -> str:
+    """The last word of ``eagle3d run``: ``summary: saved 30/31 · 1 failed (bad_json 1) ·
+    12 truncated (340 tokens dropped) · 3,901 tokens · 2.2 MB · took 3.0 s``."""
+    total = f"{s.total:,}" if s.total >= 0 else "?"
+    left = max(s.total - s.saved - s.failed, 0) if s.total >= 0 else 0
+    parts = [f"saved {s.saved:,}/{total}"]
+    if s.failed:
+        reasons = ", ".join(f"{k} {n:,}" for k, n in failures_by_reason(s).items())
+        parts.append(f"{s.failed:,} failed ({reasons})")
+    if s.truncated:
+        lost = f" ({s.tokens_dropped:,} tokens dropped)" if s.tokens_dropped else ""
+        parts.append(f"{s.truncated:,} truncated to max_length{lost}")
+    if left:
+        parts.append(f"{left:,} left")
+    parts += [f"{s.tokens_saved:,} tokens", size(s.bytes_saved), f"took {duration(took_s)}"]
+    return "summary: " + " · ".join(parts)
 
 
 class ProgressLine:
@@ -79,7 +106,7 @@ class ProgressLine:
     @classmethod
     def for_daemon(cls) -> ProgressLine:
         """Live on the terminal the daemon's log goes to, else log lines (journald)."""
-        from eagle3d.tools.logsetup import terminal_console
+        from eagle3d.serve.logsetup import terminal_console
 
         return cls(console=terminal_console())
 
@@ -146,4 +173,4 @@ class ProgressLine:
             self._live = None
 
 
-__all__ = ["ProgressLine", "describe"]
+__all__ = ["ProgressLine", "describe", "failures_by_reason", "summary"]

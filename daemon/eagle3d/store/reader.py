@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
+from eagle3d.remote import recipes
 from eagle3d.store import catalog, fp8
 
 
@@ -33,6 +34,19 @@ def load_sample(
         keys = sorted(raw) if isinstance(raw, dict) else type(raw).__name__
         raise ValueError(f"{path}: not an eagle3d sample file (keys {keys})")
     return fp8.dequantize_states(raw, dtype)
+
+
+def load_record(
+    path: str | os.PathLike[str], recipe: str = "eagle3", dtype: torch.dtype = torch.bfloat16
+) -> dict[str, torch.Tensor]:
+    """The sample at ``path`` as SpecForge v0.3.0's ``prepare_hidden_states.py --strategy``
+    would have written it for ``recipe`` (:mod:`eagle3d.remote.recipes`): EAGLE-3's
+    ``aux_hidden_state``/``hidden_state``; DFlash's and Domino's ``hidden_states``; DSpark's
+    ``hidden_states`` and ``target_last_hidden_states``. The output's recipe is in its
+    capture contract (``OUTPUT/.eagle3d/capture.json``) and :attr:`HiddenStates.recipe`."""
+    s = load_sample(path, dtype)
+    r = recipes.get(recipe)
+    return r.record(s["input_ids"], s["loss_mask"], s["aux_hidden_state"], s["hidden_state"])
 
 
 class HiddenStates(Dataset[dict[str, Any]]):
@@ -51,6 +65,10 @@ class HiddenStates(Dataset[dict[str, Any]]):
         """Read the journals again: samples committed since are added."""
         self.catalog = catalog.read(self.output)
         self.entries = self.catalog.entries
+        job = self.catalog.job
+        #: The output's recipe (eagle3d.remote.recipes); its items stay in eagle3d's layout,
+        #: :func:`load_record` gives the recipe's.
+        self.recipe = (job.recipe if job is not None else "") or recipes.DEFAULT
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -62,4 +80,4 @@ class HiddenStates(Dataset[dict[str, Any]]):
         return sample
 
 
-__all__ = ["HiddenStates", "load_sample"]
+__all__ = ["HiddenStates", "load_record", "load_sample"]

@@ -174,7 +174,8 @@ def export(output: str, to: str, fmt: str, model: str = "") -> ExportReport:
     report.finished_source = cat.finished
     report.problems.extend(f"journal: {p}" for p in cat.problems if cat.shards)
     try:
-        exp = exporters.make(fmt, model or (job.model if job is not None else ""))
+        recipe = (job.recipe if job is not None else "") or "eagle3"
+        exp = exporters.make(fmt, model or (job.model if job is not None else ""), recipe)
     except (OSError, KeyError, ValueError) as e:
         report.refused = f"{fmt}: {e} (give the target model with --model)"
         return report

@@ -79,18 +79,35 @@ class Exporter:
 
 
 class SpecForge(Exporter):
+    """SpecForge's record for the output's recipe: v0.2.0's (and v0.3.0's) EAGLE-3 one above,
+    or v0.3.0's DFlash/Domino ``hidden_states [1, T, kH]`` and DSpark's ``hidden_states``
+    plus ``target_last_hidden_states [1, T, H]`` (:mod:`eagle3d.remote.recipes`)."""
+
     name = "specforge"
+
+    def __init__(self, recipe: str = "eagle3") -> None:
+        from eagle3d.remote import recipes
+
+        self.recipe = recipes.get(recipe)
 
     def target(self, idx: int, k: int) -> str:
         return paths.sample_relpath(idx)
 
     def write(self, fd: int, sample: dict[str, torch.Tensor], idx: int) -> tuple[int, str]:
-        payload = {
-            "input_ids": sample["input_ids"].contiguous(),
-            "loss_mask": sample["loss_mask"].contiguous(),
-            "hidden_state": sample["hidden_state"].contiguous(),
-            "aux_hidden_state": sample["aux_hidden_state"].contiguous(),
-        }
+        if self.recipe.name == "eagle3":  # the order eagle3d's own files have
+            payload = {
+                "input_ids": sample["input_ids"].contiguous(),
+                "loss_mask": sample["loss_mask"].contiguous(),
+                "hidden_state": sample["hidden_state"].contiguous(),
+                "aux_hidden_state": sample["aux_hidden_state"].contiguous(),
+            }
+        else:
+            payload = self.recipe.record(
+                sample["input_ids"].contiguous(),
+                sample["loss_mask"].contiguous(),
+                sample["aux_hidden_state"].contiguous(),
+                sample["hidden_state"].contiguous(),
+            )
         w = ckpt.write(fd, payload)
         return w.nbytes, f"crc32:{w.crc:08x}"
 
@@ -263,10 +280,11 @@ def final_norm_weight(model_dir: str) -> torch.Tensor:
 FORMATS = ("specforge", "speculators", "modelopt")
 
 
-def make(name: str, model_dir: str) -> Exporter:
-    """The exporter of a format (``speculators`` reads the model's final norm)."""
+def make(name: str, model_dir: str, recipe: str = "eagle3") -> Exporter:
+    """The exporter of a format for an output of ``recipe`` (``speculators`` reads the
+    model's final norm; its layout, the layers then the last state, serves every recipe)."""
     if name == "specforge":
-        return SpecForge()
+        return SpecForge(recipe)
     if name == "modelopt":
         return ModelOpt()
     if name == "speculators":

@@ -25,6 +25,7 @@ import sys
 from typing import Any
 
 from eagle3d.remote import storedtype
+from eagle3d.remote.dumpfile import default_aux_layers
 from eagle3d.tools.sglang_supervise import supervise
 
 log = logging.getLogger("eagle3d.sglang")
@@ -59,7 +60,8 @@ def extra_args(
 
 
 def default_layers(model_path: str | None) -> list[int] | None:
-    """``[2, L//2, L-3]`` from a local model directory's config.json, else None.
+    """EAGLE-3's default layers (``[2, L//2, L-3]``, distinct: :mod:`eagle3d.remote.recipes`)
+    from a local model directory's config.json, else None.
 
     Writing the layers into the hook spec lets the client compare them with its job at start-up
     (a mismatch would otherwise fail every dump). A hub id or an unreadable config leaves the
@@ -73,7 +75,10 @@ def default_layers(model_path: str | None) -> list[int] | None:
         n = int(cfg.get("text_config", cfg)["num_hidden_layers"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return [2, n // 2, n - 3]
+    try:
+        return default_aux_layers(n)
+    except ValueError:
+        return None
 
 
 def model_path_of(user_args: list[str]) -> str | None:
@@ -132,10 +137,13 @@ def _layers(text: str) -> list[int]:
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
+        "--layers",
         "--aux-layers",
+        dest="aux_layers",
         type=_layers,
         default=None,
-        help="layer ids a,b,c (default: the model's EAGLE-3 default [2, L//2, L-3])",
+        help="layer ids L1,L2,... the job captures, any number (eagle3d run's --layers; default:"
+        " the model's EAGLE-3 default [2, L//2, L-3])",
     )
     p.add_argument(
         "--dump-dir",

@@ -589,6 +589,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="store_true",
         help="journal damaged or missing samples as invalid so that the next run redoes them",
     )
+    p.add_argument(
+        "--reference",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also recompute N samples spread over the output with a plain Hugging Face"
+        " forward and compare every tensor within the stored dtype's tolerance (exit 1 on a"
+        " mismatch, which names the tensor, layer and tolerance)",
+    )
+    p.add_argument("--model", default="", help="the model for --reference (default: the job's)")
     p.set_defaults(func=cmd_verify)
 
 
@@ -653,12 +663,24 @@ def cmd_verify(args: argparse.Namespace) -> int:
         sys.stderr.write("\n")
     if args.repair and report.damaged:
         repair(report)
+    ref = None
+    if args.reference > 0 and report.shards:
+        from eagle3d.tools import reference
+
+        ref = reference.check_reference(args.output, args.reference, args.model)
     if args.json:
-        sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")
+        doc = report.to_dict()
+        if ref is not None:
+            doc["reference"] = ref.to_dict()
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
         print(report)
+        if ref is not None:
+            print(ref)
     if not report.shards:
         print(f"no eagle3d journal under {args.output}/{paths.STATE_DIR}", file=sys.stderr)
+    if ref is not None and not ref.ok:
+        return max(report.exit_code, 1)
     return report.exit_code
 
 
