@@ -174,7 +174,16 @@ def test_daemon_pauses_on_a_full_disk_and_resumes_when_it_grows(
         )
         paused = [r for r in runkit.records(out, "run_state") if r.get("state") == "paused"]
         assert "disk full" in paused[0]["reason"] and str(out) in paused[0]["reason"], paused
-        time.sleep(3)
+        # Paused, not gone: the tick goes on journaling stats while paused (waited for in
+        # the journal, never for a fixed time).
+        runkit.wait_for(
+            lambda: (
+                proc.poll() is not None
+                or sum(r.get("state") == "paused" for r in runkit.records(out, "stats")) >= 2
+            ),
+            60,
+            "two stats records while paused",
+        )
         assert proc.poll() is None, "the daemon must pause, not exit"
 
         c = runkit.check(out)
@@ -251,7 +260,12 @@ def test_journal_and_output_both_full_then_a_file_is_deleted(
     try:
         runkit.wait_for(lambda: runkit.records(out, "sample_saved"), 90, "a saved sample")
         filler = _fill(fs)
-        time.sleep(6)
+        log_path = tmp_path / "log"
+        runkit.wait_for(
+            lambda: proc.poll() is not None or b"paused: disk full" in log_path.read_bytes(),
+            60,
+            "the pause on the full disk",
+        )
         assert proc.poll() is None, (tmp_path / "log").read_text()[-3000:]
         c = runkit.check(out)
         assert not c.bad, c.bad
@@ -296,9 +310,11 @@ def test_full_before_the_first_commit_is_still_journaled(
         runkit.wait_for(lambda: b"loading model" in log.read_bytes(), 90, "the load")
         filler = _fill(fs)
         runkit.wait_for(lambda: b"paused: disk full" in log.read_bytes(), 60, "the pause")
-        time.sleep(2)
-        paused = [r for r in runkit.records(out, "run_state") if r.get("state") == "paused"]
-        assert paused, "the paused state must be in the journal while the disk is full"
+        runkit.wait_for(
+            lambda: any(r.get("state") == "paused" for r in runkit.records(out, "run_state")),
+            30,
+            "the paused state in the journal while the disk is full",
+        )
         c = runkit.check(out)
         assert not c.bad and not c.torn_tail and c.temp_files == 0, c.bad
         top = subprocess.run(

@@ -88,7 +88,7 @@ def test_puts_block_at_capacity() -> None:
         sent: list[bool] = []
         t = threading.Thread(target=_feed, args=(feeder, list(range(10)), sent), daemon=True)
         t.start()
-        await asyncio.sleep(0.3)
+        await _until(lambda: len(got) >= 3)  # then the fourth waits: nothing frees a slot
         waiting = len(got)
         feeder.stop()
         await asyncio.to_thread(t.join, 5)
@@ -106,10 +106,10 @@ def test_widen_makes_room_for_the_window() -> None:
         sent: list[bool] = []
         t = threading.Thread(target=_feed, args=(feeder, list(range(10)), sent), daemon=True)
         t.start()
-        await asyncio.sleep(0.2)
+        await _until(lambda: len(got) >= 2)
         feeder.widen(5)
         feeder.widen(3)  # narrower than now: no change
-        await asyncio.sleep(0.2)
+        await _until(lambda: len(got) >= 5)
         feeder.stop()
         await asyncio.to_thread(t.join, 5)
         return len(got)

@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "eagle3d.run.command",
     "eagle3d.tools.verify",
     "eagle3d.tools.plan",
+    "eagle3d.tools.report",
     "eagle3d.tools.export",
     "eagle3d.tools.demo",
     "eagle3d.tools.tinymodel",

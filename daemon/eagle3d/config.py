@@ -190,7 +190,10 @@ def build(file_values: dict[str, Any], flag_values: dict[str, Any], source: str 
 
 
 def add_job_arguments(p: argparse.ArgumentParser) -> None:
-    """The flags of ``eagle3d run`` (every one also a TOML key)."""
+    """The flags of ``eagle3d run`` (every one also a TOML key).
+
+    Long: one ``add_argument`` per flag, in the order ``--help`` lists them; a table, not
+    logic."""
     a = p.add_argument
     a("--config", metavar="JOB.toml", help="read settings from a TOML job file")
     a("--model", help="model directory (weights + tokenizer + chat template)")

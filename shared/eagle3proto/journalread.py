@@ -101,6 +101,10 @@ def replay(
     follows record ``start.seq`` is read: the segments before its own are not opened, and
     its own is read from ``start.end`` on. Read-only: it never modifies the journal. The
     returned :class:`Replay` says where it stopped and why.
+
+    Long: every way a shard's segments can end (a bad header, another run's segment, a gap
+    in the sequence numbers, a bad frame, a torn tail) is judged in one loop over the
+    segments, so that the rules sit side by side.
     """
     out = Replay()
     segments = list_segments(directory)

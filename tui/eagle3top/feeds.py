@@ -77,7 +77,10 @@ class Feed:
         writer: asyncio.StreamWriter | None,
         transport: asyncio.ReadTransport | None = None,
     ) -> bool:
-        """Speak the protocol until the peer goes away. True if a snapshot arrived."""
+        """Speak the protocol until the peer goes away. True if a snapshot arrived.
+
+        Long: the protocol's exchange in the order it happens (hello, snapshot, the stream,
+        the end), one state machine best read top to bottom."""
         row = self.row
         frames = wire.FrameBuffer()
         got_snapshot = False

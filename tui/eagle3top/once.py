@@ -162,7 +162,10 @@ def _counts(v: View, now: float) -> dict[str, object]:
 
 
 def build(rows: list[Row], now: float) -> tuple[OnceDoc, Report]:
-    """The ``--json`` document and the report for a set of rows at time ``now``."""
+    """The ``--json`` document and the report for a set of rows at time ``now``.
+
+    Long: one constructor call per section of the document (shards, errors, disks, GPUs,
+    totals), each naming every field it fills, so the document's shape reads in one place."""
     report = Report.judge(rows, now)
     shards: list[ShardDoc] = []
     disks: list[DiskDoc] = []

@@ -187,6 +187,10 @@ def exposition(doc: OnceDoc) -> str:
 
 
 def _hosts(out: _Out, doc: OnceDoc) -> None:
+    """The per-host metrics (disks, GPUs).
+
+    Long: a table of metrics (name, help, field) per host resource, then the loops that
+    write them; the table is most of it."""
     disk = [
         ("eagle3d_disk_total_bytes", "Size of the filesystem.", "total_bytes"),
         ("eagle3d_disk_free_bytes", "Bytes an unprivileged writer can still use.", "free_bytes"),

@@ -199,34 +199,13 @@ class Book:
         self.inflight.pop(p.rid, None)
         p.stage = 0
         if self.stopping:
-            self._emit(
-                fx.Record(
-                    ev.SampleFailed(
-                        idx=p.idx,
-                        error=error,
-                        message=f"{message} (during the stop: pending for the next run)",
-                        attempt=p.attempt,
-                        retry=True,
-                        environment=True,
-                    )
-                )
-            )
+            message = f"{message} (during the stop: pending for the next run)"
+            self._emit(fx.Record(_failed(p, error, message, retry=True, environment=True)))
             self.by_idx.pop(p.idx, None)
             self._check_done()
             return
         if not verdict.counted:
-            self._emit(
-                fx.Record(
-                    ev.SampleFailed(
-                        idx=p.idx,
-                        error=error,
-                        message=message,
-                        attempt=p.attempt,
-                        retry=True,
-                        environment=True,
-                    )
-                )
-            )
+            self._emit(fx.Record(_failed(p, error, message, retry=True, environment=True)))
             self._log(
                 WARNING,
                 f"sample {p.idx}: {error}: {message}; not the sample's fault ({verdict.why}): sent again, no attempt counted",
@@ -237,13 +216,7 @@ class Book:
                 self._pause(verdict.pause, now)
             return
         retry = p.attempt < self.rules.max_attempts
-        self._emit(
-            fx.Record(
-                ev.SampleFailed(
-                    idx=p.idx, error=error, message=message, attempt=p.attempt, retry=retry
-                )
-            )
-        )
+        self._emit(fx.Record(_failed(p, error, message, retry=retry)))
         if retry:
             self._log(
                 WARNING, f"sample {p.idx} attempt {p.attempt} failed ({error}: {message}); retrying"
@@ -305,3 +278,17 @@ class Book:
     def _set_done(self) -> None:
         self.done = True
         self._emit(fx.Done(self.exit_code))
+
+
+def _failed(
+    p: Sample, error: str, message: str, *, retry: bool, environment: bool = False
+) -> ev.SampleFailed:
+    """The ``sample_failed`` record of ``p``'s attempt."""
+    return ev.SampleFailed(
+        idx=p.idx,
+        error=error,
+        message=message,
+        attempt=p.attempt,
+        retry=retry,
+        environment=environment,
+    )

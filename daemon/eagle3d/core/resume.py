@@ -43,8 +43,8 @@ def outcome_words(code: int, failed: int, total: int, max_failed_fraction: float
     return (
         f"{'every sample failed' if failed >= total else 'too many samples failed'}: "
         f"{failed} of {total} sample(s) failed for good, more than --max-failed-fraction "
-        f"{max_failed_fraction:g} allows (the first failures are above and in the journal;"
-        " eagle3-top --once lists them)"
+        f"{max_failed_fraction:g} allows (the first failures are above; every one, by reason:"
+        " eagle3d report --output OUTPUT)"
     )
 
 

@@ -35,6 +35,10 @@ def _eagle3_top() -> str | None:
 def run_demo(
     directory: str, *, layers: int, hidden: int, keep: bool, monitor: bool, quiet: bool
 ) -> int:
+    """The demo, start to end: a tiny model, a dataset, a run, what it did, ``verify``.
+
+    Long: the demo's script, in the order the user watches it happen (model, dataset, the
+    run, its summary, verify, the monitor's ``--once``)."""
     from eagle3d.tools.tinymodel import build_tiny_model
 
     os.makedirs(directory, exist_ok=True)

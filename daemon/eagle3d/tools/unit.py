@@ -66,7 +66,9 @@ def _in_home(*paths: str) -> bool:
 
 
 def render_unit(opts: UnitOptions, install_paths: tuple[str, ...] = ()) -> str:
-    """The unit text. ``install_paths`` (interpreter, venv) decide ``ProtectHome=``."""
+    """The unit text. ``install_paths`` (interpreter, venv) decide ``ProtectHome=``.
+
+    Long: the unit file's text, a line per setting in the order systemd documents them."""
     protect_home = opts.protect_home or (
         "read-only" if _in_home(opts.exec_path, *install_paths) else "yes"
     )
