@@ -243,8 +243,6 @@ def _run(
     report: ExportReport,
     progress: Callable[[ExportReport, int, float], None] | None = None,
 ) -> None:
-    from eagle3d.store.reader import load_sample
-
     entries = cat.entries
     report.committed = len(entries)
     todo = []
@@ -282,22 +280,10 @@ def _run(
                 rec = Done(
                     idx=e.idx, k=k, name=name, size=e.bytes, checksum=e.checksum, source=e.checksum
                 )
-                staged.append((tmp, final, rec))
-                dirs.add(os.path.dirname(final))
                 report.linked += 1
-                continue
-            link = False  # another filesystem (or links refused): copies from here on
-            sample = load_sample(src)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-            try:
-                size, checksum = exp.write(fd, sample, e.idx)
-                os.fdatasync(fd)
-            finally:
-                os.close(fd)
-            rec = Done(idx=e.idx, k=k, name=name, size=size, checksum=checksum, source=e.checksum)
-            if exp.keeps_rows:
-                r = exporters.row(k, sample)
-                rec.ids, rec.mask = r.input_ids, r.loss_mask
+            else:
+                link = False  # another filesystem (or links refused): copies from here on
+                rec = _write(exp, src, tmp, e, k, name)
             staged.append((tmp, final, rec))
             dirs.add(os.path.dirname(final))
         for tmp, final, _ in staged:
@@ -312,6 +298,26 @@ def _run(
     rows = [exporters.Row(d.k, d.ids, d.mask) for d in manifest.done.values()]
     for name, data in exp.finish(dest, rows):
         _write_atomic(os.path.join(dest, name), data)
+
+
+def _write(
+    exp: exporters.Exporter, src: str, tmp: str, e: catalog.Entry, k: int, name: str
+) -> Done:
+    """Write sample ``e`` (the committed file ``src``) in the format at ``tmp``, synced."""
+    from eagle3d.store.reader import load_sample
+
+    sample = load_sample(src)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        size, checksum = exp.write(fd, sample, e.idx)
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+    rec = Done(idx=e.idx, k=k, name=name, size=size, checksum=checksum, source=e.checksum)
+    if exp.keeps_rows:
+        r = exporters.row(k, sample)
+        rec.ids, rec.mask = r.input_ids, r.loss_mask
+    return rec
 
 
 def _link(src: str, tmp: str) -> bool:
