@@ -272,8 +272,6 @@ def export(model: Path, data: Path, out: Path, k: int) -> dict[str, float]:
 
 
 def measure(n: int, args: argparse.Namespace, model: Path) -> dict[str, Any]:
-    from eagle3proto import checkpoint, paths
-
     base = Path(args.dir) / f"n{n}"
     base.mkdir(parents=True, exist_ok=True)
     data = dataset(base / "d.jsonl", n)
@@ -281,7 +279,38 @@ def measure(n: int, args: argparse.Namespace, model: Path) -> dict[str, Any]:
     if out.exists():
         shutil.rmtree(out)
     print(f"N={n:,}: the job", flush=True)
-    res: dict[str, Any] = {"n": n, "job": run_job(model, data, out, n, args.kills, args.seed)}
+    job = run_job(model, data, out, n, args.kills, args.seed)
+    return measure_output(out, n, job, model, data, args)
+
+
+def resume_once(model: Path, data: Path, out: Path) -> dict[str, Any]:
+    """A job cut short (its bench ran out of time): one more start, timed to the producer up
+    (the resume), then SIGTERM; the job's figures from that start only."""
+    argv = [PY, "-m", "eagle3d", "run", "--model", str(model), "--dataset", str(data)]
+    argv += ["--output", str(out), "--backend", "synthetic", "--dump-dir", f"{out}.dumps"]
+    argv += ["--socket", f"{out}.sock", "--max-failed-fraction", "0.5"]
+    log = out.parent / f"{out.name}.log-resume"
+    start = time.monotonic()
+    with open(log, "wb") as logf:
+        proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, env=ENV)
+    up = 0.0
+    while not up and proc.poll() is None and time.monotonic() - start < 300:
+        time.sleep(0.1)
+        if b"up; window" in log.read_bytes()[-20000:]:
+            up = time.monotonic() - start
+    proc.send_signal(2)
+    _rc, _cpu, rss = waited(proc)
+    # Its CPU per sample means nothing here (one short start): not a figure of this run.
+    return {"resume_s": up, "daemon_peak_rss": rss, "daemon_cpu_s": float("nan"), "resumes": [up]}
+
+
+def measure_output(
+    out: Path, n: int, job: dict[str, Any], model: Path, data: Path, args: argparse.Namespace
+) -> dict[str, Any]:
+    """Everything but the job itself, on a finished (or cut short: ``n`` saved) output."""
+    from eagle3proto import checkpoint, paths
+
+    res: dict[str, Any] = {"n": n, "job": job}
     jdir = paths.journal_dir(str(out), paths.Shard())
     res["journal_bytes"] = sum(
         os.path.getsize(os.path.join(jdir, f)) for f in os.listdir(jdir) if f.endswith(".e3j")
@@ -346,6 +375,24 @@ def ratios(base: dict[str, Any], big: dict[str, Any]) -> list[tuple[str, float, 
     ]
 
 
+def partial(base: Path, args: argparse.Namespace, model: Path) -> int:
+    from eagle3proto import paths
+    from eagle3top.sources import fold_journal
+
+    out, data = base / "out", base / "d.jsonl"
+    job = resume_once(model, data, out)
+    state, _rep, _ = fold_journal(paths.journal_dir(str(out), paths.Shard()))
+    res = measure_output(out, state.saved, job, model, data, args)
+    baseline = json.loads(Path(args.json).read_text())[0] if args.json else None
+    if args.json:
+        Path(args.json).write_text(json.dumps([baseline, res], indent=1))
+    if baseline is not None:
+        print(f"\n| figure | N={baseline['n']:,} | N={res['n']:,} | ratio |\n|---|---|---|---|")
+        for k, a, b, r in ratios(baseline, res):
+            print(f"| {k} | {a:.4g} | {b:.4g} | {r:.2f} |")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=1_000_000)
@@ -356,6 +403,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tui-seconds", type=float, default=10.0)
     ap.add_argument("--export-samples", type=int, default=10_000)
     ap.add_argument("--json", default="")
+    ap.add_argument(
+        "--partial",
+        default="",
+        metavar="DIR",
+        help="measure a job the run ran out of time for (DIR: its n<N> folder, the daemon "
+        "stopped): one more start for the resume, then the rest, at the samples it saved",
+    )
     args = ap.parse_args(argv)
     sys.path[:0] = [str(ROOT / "shared"), str(ROOT / "daemon"), str(ROOT / "tui")]
     model = Path(args.dir) / "tiny"
@@ -363,6 +417,8 @@ def main(argv: list[str] | None = None) -> int:
         # In a child: this process stays small, since a child's peak RSS (wait4) counts
         # what it had between its fork and its exec.
         subprocess.run([PY, "-m", "eagle3d", "tiny-model", str(model)], env=ENV, check=True)
+    if args.partial:
+        return partial(Path(args.partial), args, model)
     results = [measure(args.baseline, args, model)]
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))

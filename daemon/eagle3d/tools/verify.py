@@ -1,11 +1,18 @@
 """``eagle3d verify``: check every committed sample against the journal.
 
-For each ``sample saved`` record of every shard journal under ``OUTPUT/.eagle3d``: the file
-exists, its size and checksum match the record, and it loads with the right keys, dtypes and
-shapes (fp8 files: their scales too, positive and finite), its states in the storage dtype
-of the session that saved it (``job.store_dtype``
-of its ``run_started``; journals from before that field are not checked for it). The output
-tree is never listed: the journal says what should exist.
+For each ``sample saved`` record that counts (the latest of its sample, no ``sample_invalid``
+after it) of every shard journal under ``OUTPUT/.eagle3d``: the file exists, and its size and
+checksum (CRC-32 over its bytes, nothing unpickled: the commit validated those bytes before
+it wrote them) match the record. ``--deep`` also loads it: the right keys, dtypes and shapes
+(fp8 files: their scales too, positive and finite), its states in the storage dtype of the
+session that saved it (``job.store_dtype`` of its ``run_started``; journals from before that
+field are not checked for it), and lists the row folders for files the journal does not
+know. Without ``--deep`` the output tree is never listed: the journal says what should exist.
+
+Streaming, so that a million samples cost what ten thousand do per sample: the journals are
+read twice (which record counts, in a few bytes a sample; then the checks, in journal order),
+at most ``--jobs`` x 4 files are in flight, and a progress line says where to resume from
+(``--since``). ``--sample N%`` checks the same N % of the samples every time.
 
 ``--repair`` journals each damaged or missing committed sample as ``sample_invalid`` in its
 shard's journal (its file, if any, moved aside under ``OUTPUT/.eagle3d/damaged/``, never
@@ -548,7 +555,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "verify",
         help="check every committed sample against the journal",
         description="Check each sample the journal says is saved: present, size and checksum "
-        "match, tensors load with the right shapes. Exit 0 only if all is consistent "
+        "match (--deep: tensors load with the right shapes too). Exit 0 only if all is consistent "
         "(1: a problem was found, or repaired; 2: no journal under --output). "
         "--repair journals damaged or missing samples as invalid (files moved aside to "
         "OUTPUT/.eagle3d/damaged/, never deleted); the next `eagle3d run` redoes them.",
