@@ -56,19 +56,19 @@ def test_the_saved_counter_is_the_committed_files(finished_job: Path) -> None:
     files = sorted(finished_job.rglob("*.ckpt"))
     fams = families(p.stdout)
     saved = by_shard(p.stdout, "eagle3d_samples_saved_total")
-    assert saved == {"shard-0-of-1": len(files), "total": len(files)} and len(files) == 21
+    assert saved == {"shard-0-of-1": len(files)} and len(files) == 21
     assert fams["eagle3d_samples_saved"].type == "counter"  # type: ignore[attr-defined]
-    assert by_shard(p.stdout, "eagle3d_samples_failed_total")["total"] == 3
-    assert by_shard(p.stdout, "eagle3d_samples")["total"] == 24
+    assert by_shard(p.stdout, "eagle3d_samples_failed_total")["shard-0-of-1"] == 3
+    assert by_shard(p.stdout, "eagle3d_samples")["shard-0-of-1"] == 24
     committed = sum(f.stat().st_size for f in files)
-    assert by_shard(p.stdout, "eagle3d_bytes_saved_total")["total"] == committed
+    assert by_shard(p.stdout, "eagle3d_bytes_saved_total")["shard-0-of-1"] == committed
     # Attempts sent and dumps that arrived: one each per saved sample in a clean run.
-    assert by_shard(p.stdout, "eagle3d_samples_sent_total")["total"] == 21
-    assert by_shard(p.stdout, "eagle3d_samples_dumped_total")["total"] == 21
+    assert by_shard(p.stdout, "eagle3d_samples_sent_total")["shard-0-of-1"] == 21
+    assert by_shard(p.stdout, "eagle3d_samples_dumped_total")["shard-0-of-1"] == 21
     state = samples(p.stdout, "eagle3d_state")
     ones = {dict(k)["shard"]: dict(k)["state"] for k, v in state.items() if v == 1}
-    assert ones == {"shard-0-of-1": "finished", "total": "finished"}
-    assert by_shard(p.stdout, "eagle3d_status") == {"shard-0-of-1": 0, "total": 0}
+    assert ones == {"shard-0-of-1": "finished"}
+    assert by_shard(p.stdout, "eagle3d_status") == {"shard-0-of-1": 0}
     # --format json is --json, and the text line carries the same numbers as perfdata.
     j1 = json.loads(top("--once", "--json", "-o", str(finished_job)).stdout)
     j2 = json.loads(top("--once", "--format", "json", "-o", str(finished_job)).stdout)
@@ -97,15 +97,17 @@ def test_every_family_has_help_and_type_and_shards_carry_a_label(tmp_path) -> No
     assert names == types and len(names) >= 25
     fams = families(text)  # the official parser accepts the whole document
     assert {"eagle3d_samples_saved", "eagle3d_eta_seconds", "eagle3d_disk_free_bytes"} <= set(fams)
+    # One series per shard and no aggregate beside them: sum() is the job's total.
     saved = by_shard(text, "eagle3d_samples_saved_total")
-    assert saved == {"shard-0-of-2": 3, "shard-1-of-2": 4, "total": 7}
+    assert saved == {"shard-0-of-2": 3, "shard-1-of-2": 4}
+    assert 'shard="total"' not in text
     free = samples(text, "eagle3d_disk_free_bytes")
     assert list(free.values()) == [10**12]  # per host, not per shard
     assert p.returncode == 0  # both running: saves 96 s ago, stats a second ago
     ones = {
         dict(k)["shard"]: dict(k)["state"] for k, v in samples(text, "eagle3d_state").items() if v
     }
-    assert ones == {"shard-0-of-2": "running", "shard-1-of-2": "running", "total": "running"}
+    assert ones == {"shard-0-of-2": "running", "shard-1-of-2": "running"}
 
 
 def test_labels_are_escaped_and_gpus_exported() -> None:
@@ -177,7 +179,7 @@ def test_textfile_is_written_atomically(finished_job: Path, tmp_path: Path) -> N
     assert seen and not bad
     assert os.listdir(target.parent) == ["eagle3d.prom"]
     assert oct(target.stat().st_mode & 0o777) == "0o644"
-    assert by_shard(target.read_text(), "eagle3d_samples_saved_total")["total"] == 21
+    assert by_shard(target.read_text(), "eagle3d_samples_saved_total")["shard-0-of-1"] == 21
 
 
 def test_textfile_write_leaves_nothing_when_it_fails(tmp_path: Path, monkeypatch) -> None:
@@ -228,3 +230,12 @@ def test_prometheus_and_textfile_stay_light(tmp_path: Path) -> None:
     p = subprocess.run([PY, "-c", code], capture_output=True, text=True, check=False)
     assert "HEAVY []" in p.stderr and p.returncode == 0, p.stderr
     assert p.stdout == Path(prom).read_text()  # what it prints is what it wrote
+
+
+def test_textfile_into_a_missing_folder_is_a_clear_error(tmp_path: Path) -> None:
+    target = tmp_path / "no-such-dir" / "eagle3d.prom"
+    p = top("--textfile", str(target), "--output", str(tmp_path))
+    assert p.returncode == 3, (p.stdout, p.stderr)
+    assert "Traceback" not in p.stderr
+    assert f"the folder {target.parent} does not exist" in p.stderr
+    assert not target.parent.exists()

@@ -201,3 +201,29 @@ def test_exports_give_each_trainer_its_recipes_record(
         t, h = item["hidden_state"].shape[1:]
         assert hs["hidden_states"].shape == (t, len(LAYERS) + 1, h)
         assert torch.equal(hs["hidden_states"][:, :-1].flatten(1), item["aux_hidden_state"][0])
+
+
+def test_plan_sizes_a_recipe_exactly(
+    dflash_job: dict[str, Any], dspark_job: Path, tmp_path: Path
+) -> None:
+    """``eagle3d plan`` with the job's flags foresees the sample files' bytes exactly, for five
+    layers as for three; fp8 is planned the same way (its files are sized by the same code)."""
+    from eagle3proto import events as ev
+
+    model, data = dflash_job["model"], dflash_job["data"]
+    cmd = [sys.executable, "-m", "eagle3d", "plan", "--model", str(model), "--dataset", str(data)]
+    layers = ("--recipe", "dspark", "--layers", ",".join(map(str, LAYERS)))
+    plans = {}
+    for dt in ("bfloat16", "fp8"):
+        r = subprocess.run(
+            [*cmd, "--output", str(tmp_path / "fresh"), "--json", *layers, "--store-dtype", dt],
+            env=runkit.ENV,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert r.stdout.startswith("{"), r.stderr[-3000:]
+        plans[dt] = json.loads(r.stdout)["shards"][0]["files_bytes"]
+    saved = [e for e in runkit.events(dspark_job) if isinstance(e, ev.SampleSaved)]
+    assert plans["bfloat16"] == sum(e.bytes for e in saved)
+    assert plans["fp8"] < plans["bfloat16"]

@@ -134,23 +134,40 @@ class JobConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         return max(2, min(8, cpus if cpus is not None else (os.cpu_count() or 2)))
 
     def shard_spec(self, env: dict[str, str] | None = None) -> Shard:
-        """``--shard I/N``, else Slurm array or torchrun variables, else 0/1."""
+        """``--shard I/N``, else the scheduler's variables (:data:`SHARD_VARIABLES`: a Slurm
+        array, torchrun, a Kubernetes Indexed Job), else 0/1."""
         if self.shard:
             try:
                 return Shard.parse(self.shard)
             except ValueError as e:
                 raise ConfigError(str(e)) from e
         env = dict(os.environ) if env is None else env
-        for idx_key, cnt_key in (
-            ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT"),
-            ("RANK", "WORLD_SIZE"),
-        ):
+        for idx_key, cnt_key in SHARD_VARIABLES:
             if env.get(idx_key) and env.get(cnt_key):
                 try:
                     return Shard(int(env[idx_key]), int(env[cnt_key]))
                 except ValueError as e:
                     raise ConfigError(f"{idx_key}/{cnt_key}: {e}") from e
+        if env.get("JOB_COMPLETION_INDEX"):
+            # Kubernetes gives a pod of an Indexed Job its index, never the Job's
+            # completions: a pod that guessed N = 1 would take the whole dataset.
+            raise ConfigError(
+                "JOB_COMPLETION_INDEX is set (a Kubernetes Indexed Job) but not"
+                f" {SHARD_COUNT_VARIABLE}: set it to the Job's spec.completions in the pod's"
+                " env (docs/kubernetes.md), or pass --shard I/N"
+            )
         return Shard(0, 1)
+
+
+#: The shard count of a Kubernetes Indexed Job: the manifest sets it to spec.completions.
+SHARD_COUNT_VARIABLE = "EAGLE3D_SHARD_COUNT"
+#: (index, count) variables read when --shard is not given, first match wins: a Slurm
+#: array, torchrun (and other launchers of its convention), a Kubernetes Indexed Job.
+SHARD_VARIABLES = (
+    ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT"),
+    ("RANK", "WORLD_SIZE"),
+    ("JOB_COMPLETION_INDEX", SHARD_COUNT_VARIABLE),
+)
 
 
 def _choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -238,7 +255,13 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
         help="a draft model's config.json (SpecForge, z-lab or speculators): the recipe and"
         " layers from it, converted from that project's index convention",
     )
-    a("--shard", metavar="I/N", help="take samples with idx %% N == I")
+    a(
+        "--shard",
+        metavar="I/N",
+        help="take samples with idx %% N == I (default: SLURM_ARRAY_TASK_ID/"
+        "SLURM_ARRAY_TASK_COUNT, RANK/WORLD_SIZE, JOB_COMPLETION_INDEX/EAGLE3D_SHARD_COUNT,"
+        " else 0/1); N may change between runs (docs/slurm.md)",
+    )
     a("--dump-dir", dest="dump_dir", help="where producers drop dumps (default /dev/shm/...)")
     a("--socket", help="Unix socket for live subscribers")
     a(

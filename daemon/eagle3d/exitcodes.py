@@ -38,7 +38,11 @@ CODES = (
         False,
     ),
     ExitCode(
-        7, "LAYOUT", "the output holds a job of another shard count (one layout per output)", False
+        7,
+        "LAYOUT",
+        "a daemon of another shard count runs on the output, or died with samples in flight"
+        " (N may change only between runs)",
+        False,
     ),
     ExitCode(8, "PRODUCER", "producer could not start", True),
     ExitCode(

@@ -99,7 +99,7 @@ class Eagle3Top(App[int]):
     .panel { border: round $primary; border-title-align: left; padding: 0 1; height: auto;
              text-wrap: nowrap; text-overflow: ellipsis; }
     #pipeline { height: auto; }
-    #body { height: 1fr; scrollbar-size-vertical: 1; }
+    #body { height: 1fr; width: 100%; scrollbar-size-vertical: 1; }
     #fleet { border: round $secondary; }
     #grid { grid-size: 2; grid-columns: 7fr 5fr; grid-rows: auto; grid-gutter: 0 1;
             height: auto; }
@@ -261,6 +261,24 @@ class Eagle3Top(App[int]):
         same_height = old is not None and old.plain.count("\n") == text.plain.count("\n")
         panel.update(text, layout=not same_height)
 
+    def _align_pipeline(self) -> None:
+        """The Pipeline panel stands above the scrolling body: while the body shows its
+        scrollbar, leave that column free too, so every panel ends in the same column."""
+        try:
+            body = self.query_one("#body", VerticalScroll)
+            pipe = self.query_one("#pipeline", Static)
+        except NoMatches:
+            return
+        want = 1 if body.show_vertical_scrollbar else 0
+        if pipe.styles.margin.right != want:
+            pipe.styles.margin = (0, want, 0, 0)
+
+    def _pipeline_gap(self) -> int:
+        try:
+            return int(self.query_one("#pipeline", Static).styles.margin.right)
+        except NoMatches:
+            return 0
+
     def tick(self) -> None:
         """Redraw from the rows at ``clock()``; only the header while the screen is frozen."""
         self._watch_shards()
@@ -272,13 +290,15 @@ class Eagle3Top(App[int]):
             return
         if self._panel("fleet") is None:
             return  # closing
+        self._align_pipeline()
         full, left, right = self._widths()
         self._set("verdict", panels.verdict_line(report, rows, now, width=full + 2))
         if len(rows) > 1:
             self._set("fleet", panels.fleet(rows, now, full, report))
         self._set("conn", panels.connection(rows, now))
         self._mark_pipeline()
-        self._set("pipeline", panels.pipeline(rows, now, full, tz, report))
+        gap = self._pipeline_gap()
+        self._set("pipeline", panels.pipeline(rows, now, full - gap, tz, report))
         tall = self.size.height >= TALL_AT
         span = 900 if tall else panels.SPARK_SECONDS
         self._set("throughput", panels.throughput(rows, now, left, span))
@@ -325,7 +345,8 @@ class Eagle3Top(App[int]):
         self._mark_pipeline()
         now = self.clock()
         full = self._widths()[0]
-        self._set("pipeline", panels.pipeline(self.rows, now, full, self.tz_offset_s))
+        gap = self._pipeline_gap()
+        self._set("pipeline", panels.pipeline(self.rows, now, full - gap, self.tz_offset_s))
 
     def _mark_pipeline(self) -> None:
         self._drawn_version = self._version()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -88,6 +89,15 @@ def main(argv: list[str] | None = None) -> int:
         args.format = "json"
     if args.textfile:
         args.once = True
+        folder = os.path.dirname(os.path.abspath(args.textfile))
+        if not os.path.isdir(folder):
+            # Checked before anything is read: a wrong path is a setup error, not a verdict.
+            print(
+                f"eagle3-top: --textfile {args.textfile}: the folder {folder} does not exist"
+                " (create it, or point --textfile at node_exporter's textfile directory)",
+                file=sys.stderr,
+            )
+            return 3
     if args.format and not args.once:
         parser.error(f"--{'json' if args.json else 'format'} needs --once")
     if args.stream:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from eagle3proto import layouts
 from eagle3proto.reducer import ShardState
 from eagle3proto.views import SILENT_AFTER_S, STALL_AFTER_S, View, combine, view
 
@@ -97,6 +98,16 @@ class Row:
     attempts: int = 0
     error: str = ""
     notes: list[str] = field(default_factory=list)
+    #: the shard count that took over this journal's rest (0: its layout is the current one;
+    #: set by :func:`mark_layouts`)
+    closed_by: int = 0
+
+    def shown(self) -> ShardState | None:
+        """The state as the job counts it: a closed journal's total is what it settled."""
+        s = self.state
+        if s is None or not self.closed_by:
+            return s
+        return layouts.closed_view(s, self.closed_by)
 
     def gone(self) -> bool:
         """Whether the daemon behind this row is known not to run (its readings are old)."""
@@ -104,7 +115,7 @@ class Row:
         return self.alive is False or (s is not None and s.state in ("finished", "stopped"))
 
     def view(self, now: float) -> View:
-        s = self.state
+        s = self.shown()
         if s is None:
             return View(label=self.label, state="unknown")
         frozen = None
@@ -132,9 +143,11 @@ def _since(seconds: float) -> str:
 
 def health(row: Row, now: float) -> Health:
     """Judge one shard. Pure: the row and ``now`` in, a word, a level and a reason out."""
-    s = row.state
+    s = row.shown()
     if s is None:
         return Health("unknown", UNKNOWN, row.error or "no socket and no journal")
+    if row.closed_by:
+        return Health("finished", OK, f"{s.saved:,} saved, {s.failed:,} failed; {s.state_reason}")
     total = s.total
     remaining = max(total - s.saved - s.failed, 0) if total >= 0 else 0
     if s.state == "finished":
@@ -214,6 +227,25 @@ def worst(states: list[str]) -> str:
     return "unknown"
 
 
+def mark_layouts(rows: list[Row]) -> None:
+    """Mark the rows of journals closed by a change of the shard count: per output (one
+    monitor may watch several jobs), the newest session's layout is the current one
+    (:mod:`eagle3proto.layouts`)."""
+    jobs: dict[str, list[tuple[Row, ShardState]]] = {}
+    for r in rows:
+        r.closed_by = 0
+        s = r.state
+        if s is not None and s.job is not None:
+            jobs.setdefault(r.output or s.job.output, []).append((r, s))
+    for members in jobs.values():
+        current = layouts.current_count(
+            (s.job.shard_count, s.session_start_ts) for _, s in members if s.job is not None
+        )
+        for r, s in members:
+            r.closed_by = layouts.closed_by(s, current)
+
+
 def totals(rows: list[Row], now: float) -> View:
-    """Sum of the shards that have a state."""
+    """Sum of the shards that have a state (a closed journal counts what it settled)."""
+    mark_layouts(rows)
     return combine([r.view(now) for r in rows if r.state is not None])

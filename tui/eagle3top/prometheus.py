@@ -1,9 +1,8 @@
 """``eagle3-top --once --format prometheus`` and ``--textfile PATH``: the Prometheus text
 exposition format (version 0.0.4), written by hand so ``--once`` stays light.
 
-Every job series carries ``output``, ``host`` and ``shard`` labels: one series per shard,
-plus one with ``shard="total"`` for the job (leave it out when summing:
-``sum(eagle3d_samples_saved_total{shard!="total"})``). Disk and GPU series are per host
+Every job series carries ``output``, ``host`` and ``shard`` labels: one series per shard and
+no aggregate beside them, so ``sum(eagle3d_samples_saved_total)`` is the job's total. Disk and GPU series are per host
 (``fs`` and ``gpu`` labels). The state is a labelled gauge: one series per state word, 1 for
 the current one. Counters only grow within a journal (``sent`` counts attempts, ``dumped``
 dumps that arrived for them); they restart from the journal's own count, never from zero,
@@ -144,14 +143,17 @@ class _Out:
 
 
 def exposition(doc: OnceDoc) -> str:
-    """The whole document as Prometheus text: job series per shard and total, then hosts."""
+    """The whole document as Prometheus text: job series per shard, then hosts."""
     out = _Out()
     output = doc.shards[0].output if doc.shards else ""
     host = doc.shards[0].host if len({s.host for s in doc.shards}) == 1 and doc.shards else ""
+    # One series per shard and no aggregate beside them (Prometheus' convention): the job's
+    # total is sum(...) over the shards.
     job: list[tuple[str, Counts]] = [
         (_labels(output=s.output or output, host=s.host, shard=s.label), s) for s in doc.shards
     ]
-    job.append((_labels(output=output, host=host, shard="total"), doc))
+    if not job:  # nothing found: the verdict (unknown) still has a series
+        job.append((_labels(output=output, host=host, shard=""), doc))
     for name, kind, help_, key in _JOB_METRICS:
         out.family(name, kind, help_)
         for labels, c in job:
@@ -164,7 +166,8 @@ def exposition(doc: OnceDoc) -> str:
         "1 for the state the monitor judges the shard (or job) to be in, 0 for the others.",
     )
     states = (*HEALTH_STATES, "unknown")
-    for (labels, _), state in zip(job, [*(s.state for s in doc.shards), doc.state], strict=True):
+    states_of = [s.state for s in doc.shards] or [doc.state]
+    for (labels, _), state in zip(job, states_of, strict=True):
         for st in states:
             out.sample("eagle3d_state", labels[:-1] + f',state="{st}"}}', st == state)
     out.family(
@@ -173,7 +176,8 @@ def exposition(doc: OnceDoc) -> str:
         "The verdict as a monitoring-plugins code: 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN.",
     )
     codes = {w: c for c, w in LEVEL_WORDS.items()}
-    for (labels, _), level in zip(job, [*(s.level for s in doc.shards), doc.level], strict=True):
+    levels_of = [s.level for s in doc.shards] or [doc.level]
+    for (labels, _), level in zip(job, levels_of, strict=True):
         out.sample("eagle3d_status", labels, codes[level])
     out.family("eagle3d_daemon_up", "gauge", "1 when the shard's daemon runs, 0 when it does not.")
     out.family("eagle3d_producer_up", "gauge", "1 when the shard's producer is up.")

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 from eagle3proto import events as ev
-from eagle3proto import reducer
+from eagle3proto import reducer, views
 
 from eagle3d.core.envfault import recorded_failure_is_environment
 from eagle3d.core.sample import FAILED, PENDING, SAVED
@@ -24,7 +24,7 @@ def finish_code(saved: int, failed: int, total: int, max_failed_fraction: float)
     failed, or more than ``max_failed_fraction`` of them did; else EXIT_OK."""
     if total <= 0 or failed == 0:
         return EXIT_OK
-    if saved == 0 or failed > max_failed_fraction * total:
+    if saved == 0 or views.too_many_failed(failed, total, max_failed_fraction):
         return EXIT_FAILED
     return EXIT_OK
 

@@ -230,6 +230,12 @@ def _drop_nulls(v: Any) -> Any:
     return v
 
 
+def unit(fmt: Format) -> str:
+    """What one row of ``fmt`` is called in messages: a JSONL ``line``, a parquet ``row``,
+    a JSON array's ``item`` (numbered from 1, with the sample id beside it)."""
+    return {"parquet": "row", "json": "item"}.get(fmt.name, "line")
+
+
 def parse_row(idx: int, row: Row) -> Sample:
     """Parse one row of any format, or raise :class:`BadSample` saying why not."""
     if isinstance(row, dict):
@@ -246,4 +252,5 @@ __all__ = [
     "detect",
     "iter_rows",
     "parse_row",
+    "unit",
 ]

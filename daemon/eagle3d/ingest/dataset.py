@@ -85,7 +85,13 @@ class BadSample(ValueError):
         self.idx = idx
         self.error = error
         self.reason = reason
+        #: What a row of the dataset's format is called: "line" (JSONL), "row" (parquet),
+        #: "item" (a JSON array); the reader of a format sets it (``dataformats.unit``).
+        self.unit = "line"
         super().__init__(f"line {idx + 1} (sample {idx}): {reason}")
+
+    def __str__(self) -> str:
+        return f"{self.unit} {self.idx + 1} (sample {self.idx}): {self.reason}"
 
     def __reduce__(self) -> tuple[type[BadSample], tuple[int, str, str]]:  # picklable
         return (type(self), (self.idx, self.error, self.reason))
@@ -222,11 +228,11 @@ def _conversation(idx: int, key: str, turns: Any) -> Conversation:
         if not isinstance(turn, dict):
             raise BadSample(idx, "bad_type", f"turn {n} must be an object, got {_tname(turn)}")
         if "role" in turn:
-            role, content = turn["role"], turn.get("content")
             content_key = "content"
+            role, content = turn["role"], _get(turn, content_key)
         elif "from" in turn:
-            role, content = turn["from"], turn.get("value")
             content_key = "value"
+            role, content = turn["from"], _get(turn, content_key)
         else:
             raise BadSample(idx, "bad_format", f"turn {n} has neither 'role' nor 'from'")
         if not isinstance(role, str):
@@ -236,6 +242,16 @@ def _conversation(idx: int, key: str, turns: Any) -> Conversation:
             raise BadSample(idx, "unknown_role", f"turn {n}: unknown role {role!r}")
         out.append(Turn(mapped, _content(idx, n, content_key, content)))
     return Conversation(idx, tuple(out))
+
+
+#: A key present with a null value (told apart from a missing key: "content is null").
+_NULL = object()
+
+
+def _get(turn: dict[str, Any], key: str) -> Any:
+    if key in turn and turn[key] is None:
+        return _NULL
+    return turn.get(key)
 
 
 def _content(idx: int, n: int, key: str, content: Any) -> str:
@@ -255,6 +271,8 @@ def _content(idx: int, n: int, key: str, content: Any) -> str:
         return "".join(texts)
     if content is None:
         raise BadSample(idx, "bad_type", f"turn {n}: missing '{key}'")
+    if content is _NULL:
+        raise BadSample(idx, "bad_type", f"turn {n}: {key} is null")
     raise BadSample(idx, "bad_type", f"turn {n}: '{key}' must be a string, got {_tname(content)}")
 
 

@@ -95,7 +95,7 @@ class Feeder:
         from transformers import AutoTokenizer
 
         from eagle3d.ingest.chat import ChatEncoder
-        from eagle3d.ingest.dataformats import BadSample, iter_rows, parse_row
+        from eagle3d.ingest.dataformats import BadSample, iter_rows, parse_row, unit
 
         tok = AutoTokenizer.from_pretrained(self.model)
         enc = ChatEncoder(tok, max_length=self.max_length, on_overflow=self.on_overflow)
@@ -116,6 +116,7 @@ class Feeder:
                     full_length=int(t.full_length),
                 )
             except BadSample as bad:
+                bad.unit = unit(self.fmt)
                 item = Rejected(idx, bad.error, str(bad))
             if not self.hand(item):
                 return

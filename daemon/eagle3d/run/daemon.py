@@ -8,9 +8,11 @@ the pieces of the pipeline (:mod:`eagle3d.run.assemble`), and the feeder tokeniz
 producer is up the pipeline runs (:mod:`eagle3d.run.pipeline` around the
 :class:`~eagle3d.core.ledger.Ledger`) with the 1 s :mod:`ticker <eagle3d.run.ticker>`, until
 the ledger says it is done. Nothing is sent before the space check passed and the producer is
-up; the producer's own reports reach the journal after ``run_started``. Stop, in this order: the progress
-line, the producer (its workers finish what they hold), the dump watcher, the feeder, the
-commit threads (what runs is finished), the journal, the socket, the lock.
+up; the producer's own reports reach the journal after ``run_started``. Stop, in this order
+(the reverse of the opening, the producer's stop pushed again once the pieces exist so that
+it comes before them): the tick and the progress line, the producer (its workers finish
+what they hold), the dump watcher, the feeder, the commit threads (what runs is finished),
+the reaper, the socket, the run's own dump folder, the journal, the lock.
 
 Every outside event reaches the loop thread through one :class:`~eagle3d.run.inbox.Inbox`,
 signals included (SIGTERM and SIGINT stop, SIGHUP probes a paused area now), and goes to the
@@ -39,13 +41,14 @@ from eagle3proto.paths import Shard
 
 from eagle3d import config
 from eagle3d.core import messages as m
+from eagle3d.core import reshard
 from eagle3d.core.resume import ResumeFold
 from eagle3d.core.sample import SKIPPED
 from eagle3d.exitcodes import EXIT_INTERNAL, EXIT_PRODUCER, Fatal
 from eagle3d.produce.base import Producer
 from eagle3d.produce.factory import make_producer, starting_words
 from eagle3d.remote.threadnames import name_threads
-from eagle3d.run import capture, checkpoints, diskguard, job, preflight, spacecheck
+from eagle3d.run import capture, checkpoints, diskguard, job, layout, preflight, spacecheck
 from eagle3d.run import recorder as recording
 from eagle3d.run.assemble import (
     Opened,
@@ -148,13 +151,15 @@ class Daemon:
         cfg = self.cfg
         preflight.check_model(cfg.model)
         preflight.check_dataset(cfg.dataset)
-        preflight.check_layout(self.output, self.shard)  # before anything is written
+        layout.check(self.output, self.shard, fold=False)  # before anything is written
         preflight.check_output(self.output)
         with preflight.layout_lock(self.output):
-            preflight.check_layout(self.output, self.shard)  # a daemon of another layout won
+            # Again under the lock (a daemon of another layout may have won), and this
+            # shard's lock taken inside it: from then on no other layout can start.
+            others = layout.check(self.output, self.shard)
             os.makedirs(self.jdir, exist_ok=True)
-        lock = preflight.ShardLock(paths.lock_path(self.output, self.shard))
-        lock.acquire()
+            lock = preflight.ShardLock(paths.lock_path(self.output, self.shard))
+            lock.acquire()
         stack.callback(lock.release)
         self.notifier.status("reading dataset and journal")
         facts = await asyncio.to_thread(job.describe, cfg, self.shard, self.output)
@@ -182,6 +187,17 @@ class Daemon:
         for i in facts.blank:  # no samples: skipped, whatever an older version made of them
             self.status[i] = SKIPPED
         reserve.make()
+        if others:  # the shard count changed: what other layouts settled stays theirs
+            facts.inherited = reshard.settle(self.status, self.shard, others)
+            facts.total -= facts.inherited
+            log.info("%s", layout.describe(others, self.shard, facts.inherited))
+            changed = layout.check_job(others, facts.job, cfg.force_resume)
+            if changed:
+                log.warning("taking over a changed job because of --force-resume (%s)", changed)
+            if resume.last_started is None and not layout.pending(self.status, self.shard):
+                # Nothing left for this new shard: a session that does nothing, so that
+                # readers see the shard (its total) before the ledger's run_finished.
+                recorder.append(self._started(facts, session=1, sock="", saved=0, failed=0))
         forced = job.check_fingerprint(
             resume.last_started, facts.job, cfg.force_resume, self.output
         )
@@ -256,18 +272,7 @@ class Daemon:
                 shown,
             )
         saved, failed = p.ledger.counts()
-        started = ev.RunStarted(
-            job=facts.job,
-            total=facts.total,
-            session=p.ledger.session,
-            pid=os.getpid(),
-            host=socket.gethostname(),
-            socket=sock,
-            already_saved=saved,
-            already_failed=failed,
-            skipped=len(facts.blank),
-            dataset_pinned=True,
-        )
+        started = self._started(facts, p.ledger.session, sock, saved, failed)
         if not rec.append(started):
             raise Fatal(EXIT_INTERNAL, f"the journal in {self.jdir} refused run_started")
         p.handle(m.Announced(), time.monotonic())
@@ -283,6 +288,24 @@ class Daemon:
         if facts.blank:
             log.info("%d blank line(s) of %s skipped (no samples)", len(facts.blank), cfg.dataset)
         return sock
+
+    def _started(
+        self, facts: job.JobFacts, session: int, sock: str, saved: int, failed: int
+    ) -> ev.RunStarted:
+        return ev.RunStarted(
+            max_failed_fraction=self.cfg.max_failed_fraction,
+            job=facts.job,
+            total=facts.total,
+            session=session,
+            pid=os.getpid(),
+            host=socket.gethostname(),
+            socket=sock,
+            already_saved=saved,
+            already_failed=failed,
+            skipped=len(facts.blank),
+            dataset_pinned=True,
+            inherited=facts.inherited,
+        )
 
     async def _start_and_run(
         self, stack: Stack, p: Pipeline, ticker: Ticker, start: ProducerStart

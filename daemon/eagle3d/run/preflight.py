@@ -14,9 +14,8 @@ import socket
 from collections.abc import Iterator
 
 from eagle3proto import paths
-from eagle3proto.paths import Shard
 
-from eagle3d.exitcodes import EXIT_INPUT, EXIT_LAYOUT, EXIT_LOCKED, EXIT_OUTPUT, Fatal
+from eagle3d.exitcodes import EXIT_INPUT, EXIT_LOCKED, EXIT_OUTPUT, Fatal
 
 
 def check_model(model: str) -> None:
@@ -42,27 +41,6 @@ def check_dataset(dataset: str) -> str:
         raise Fatal(EXIT_INPUT, f"dataset {dataset}: {e}{hint}") from e
     except OSError as e:
         raise Fatal(EXIT_INPUT, f"dataset {dataset}: unreadable ({e.strerror})") from e
-
-
-def check_layout(output: str, shard: Shard) -> None:
-    """The output holds no journal of another shard count (one layout per output).
-
-    Two layouts over one output would save the same samples twice under different shards.
-    The check and the creation of this shard's journal directory happen under one lock on
-    the output (``OUTPUT/.eagle3d/layout.lock``), so two daemons of different layouts
-    starting at once cannot both pass. Raises Fatal(EXIT_LAYOUT), which ``--force-resume``
-    does not override.
-    """
-    others = sorted({s.count for s, _ in paths.shard_dirs(output)} - {shard.count})
-    if not others:
-        return
-    found = ", ".join(s.name for s, _ in paths.shard_dirs(output) if s.count != shard.count)
-    raise Fatal(
-        EXIT_LAYOUT,
-        f"output {output} holds a job sharded {others[0]} way(s) ({found}); this run asks"
-        f" for shard {shard.index}/{shard.count}. Keep the same N for the life of a job"
-        " (--shard, or SLURM_ARRAY_TASK_COUNT / WORLD_SIZE), or use a new --output",
-    )
 
 
 @contextlib.contextmanager

@@ -23,7 +23,7 @@ import sys
 import time
 from typing import Any
 
-from eagle3proto import paths
+from eagle3proto import layouts, paths
 from eagle3proto.journalread import replay
 from eagle3proto.units import duration, rate, size
 
@@ -41,6 +41,17 @@ def read(output: str) -> list[ShardStory]:
         rep = replay(jdir, st.feed)
         st.problems += [p.describe() for p in rep.problems]
         stories.append(st)
+    # A journal closed by a change of the shard count counts what it settled; the rest of
+    # its rows went to the current layout (eagle3proto.layouts, docs/slurm.md).
+    current = layouts.current_count(
+        (st.state.job.shard_count, st.state.session_start_ts)
+        for st in stories
+        if st.state.job is not None
+    )
+    for st in stories:
+        st.closed_by = layouts.closed_by(st.state, current)
+        if st.closed_by:
+            st.state = layouts.closed_view(st.state, current)
     return stories
 
 
@@ -63,6 +74,7 @@ def shard_doc(st: ShardStory) -> dict[str, Any]:
     return {
         "shard": st.name,
         "state": s.state,
+        "closed_by": st.closed_by or None,
         "total": s.total if s.total >= 0 else None,
         "saved": s.saved,
         "failed": s.failed,

@@ -35,8 +35,7 @@ def _when(ts: float) -> dt.datetime:
 
 
 def figure(stories: list[ShardStory]) -> Any:
-    """The plotly figure: five rows of plots on one time axis, pauses shaded."""
-    import plotly.graph_objects as go
+    """The plotly figure: four or five rows of plots on one time axis, pauses shaded."""
     from plotly.subplots import make_subplots
 
     has_gpu = any(p.gpu_util is not None for st in stories for p in st.points)
@@ -52,67 +51,55 @@ def figure(stories: list[ShardStory]) -> Any:
         rows=len(titles), cols=1, shared_xaxes=True, subplot_titles=titles, vertical_spacing=0.06
     )
     for st in stories:
-        pts = _thin(st.points)
-        x = [_when(p.t) for p in pts]
-        name = st.name
-
-        def add(
-            row: int, y: list[Any], what: str, dash: str = "solid", x: Any = x, name: str = name
-        ) -> None:
-            fig.add_trace(
-                go.Scatter(x=x, y=y, name=f"{what} {name}", mode="lines", line={"dash": dash}),
-                row=row,
-                col=1,
-            )
-
-        add(1, [p.saved for p in pts], "saved")
-        add(1, [p.failed for p in pts], "failed", "dot")
-        add(2, [round(p.tokens_s, 1) for p in pts], "tokens/s")
-        disk = [p for p in pts if p.disk_used is not None]
-        if disk:
-            dx = [_when(p.t) for p in disk]
-            fig.add_trace(
-                go.Scatter(x=dx, y=[p.disk_used for p in disk], name=f"disk used {name}"),
-                row=3,
-                col=1,
-            )
-            fig.add_trace(
-                go.Scatter(
-                    x=dx,
-                    y=[_projected(st, p) for p in disk],
-                    name=f"projected at the end {name}",
-                    line={"dash": "dash"},
-                ),
-                row=3,
-                col=1,
-            )
-        add(4, [p.in_flight for p in pts], "in flight")
-        add(4, [p.committing for p in pts], "committing", "dot")
-        if has_gpu:
-            gp = [p for p in pts if p.gpu_util is not None]
-            fig.add_trace(
-                go.Scatter(
-                    x=[_when(p.t) for p in gp], y=[p.gpu_util for p in gp], name=f"GPU {name}"
-                ),
-                row=5,
-                col=1,
-            )
-        for pause in st.pauses:
-            end = pause.end if pause.end is not None else st.last_ts
-            fig.add_vrect(
-                x0=_when(pause.start),
-                x1=_when(end),
-                fillcolor="orange",
-                opacity=0.25,
-                line_width=0,
-                annotation_text="paused",
-                annotation_position="top left",
-                row="all",
-                col=1,
-            )
+        _shard_traces(fig, st, has_gpu)
+        _shade_pauses(fig, st)
     fig.update_yaxes(title_text="bytes", row=3, col=1)
     fig.update_layout(height=260 * len(titles), template="plotly_white", hovermode="x unified")
     return fig
+
+
+def _line(
+    fig: Any, row: int, pts: list[Point], y: list[Any], name: str, dash: str = "solid"
+) -> None:
+    import plotly.graph_objects as go
+
+    x = [_when(p.t) for p in pts]
+    trace = go.Scatter(x=x, y=y, name=name, mode="lines", line={"dash": dash})
+    fig.add_trace(trace, row=row, col=1)
+
+
+def _shard_traces(fig: Any, st: ShardStory, has_gpu: bool) -> None:
+    """One shard's traces on every plot."""
+    pts, name = _thin(st.points), st.name
+    _line(fig, 1, pts, [p.saved for p in pts], f"saved {name}")
+    _line(fig, 1, pts, [p.failed for p in pts], f"failed {name}", "dot")
+    _line(fig, 2, pts, [round(p.tokens_s, 1) for p in pts], f"tokens/s {name}")
+    disk = [p for p in pts if p.disk_used is not None]
+    if disk:
+        _line(fig, 3, disk, [p.disk_used for p in disk], f"disk used {name}")
+        proj = [_projected(st, p) for p in disk]
+        _line(fig, 3, disk, proj, f"projected at the end {name}", "dash")
+    _line(fig, 4, pts, [p.in_flight for p in pts], f"in flight {name}")
+    _line(fig, 4, pts, [p.committing for p in pts], f"committing {name}", "dot")
+    if has_gpu:
+        gp = [p for p in pts if p.gpu_util is not None]
+        _line(fig, 5, gp, [p.gpu_util for p in gp], f"GPU {name}")
+
+
+def _shade_pauses(fig: Any, st: ShardStory) -> None:
+    for pause in st.pauses:
+        end = pause.end if pause.end is not None else st.last_ts
+        fig.add_vrect(
+            x0=_when(pause.start),
+            x1=_when(end),
+            fillcolor="orange",
+            opacity=0.25,
+            line_width=0,
+            annotation_text="paused",
+            annotation_position="top left",
+            row="all",
+            col=1,
+        )
 
 
 def _projected(st: ShardStory, p: Point) -> int | None:

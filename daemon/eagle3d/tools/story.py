@@ -80,6 +80,8 @@ class ShardStory:
     sessions: list[Session] = field(default_factory=list)
     points: list[Point] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    #: the shard count that took over the rest of its rows (0: its layout is the current one)
+    closed_by: int = 0
 
     def feed(self, batch: list[ev.AnyEvent]) -> None:
         """Fold a batch of records (in journal order)."""

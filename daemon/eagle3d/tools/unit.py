@@ -31,7 +31,7 @@ DEFAULT_STOP_SEC = 300
 # Exit codes of `eagle3d run` a restart cannot fix: 2 bad config, 3 model or dataset missing
 # or not a dataset, 4 output unwritable or removed/moved under the run, 5 shard locked by
 # another daemon (under systemd the old instance's cgroup is empty before a restart, so the
-# holder is someone else), 6 job fingerprint changed, 7 another shard count in the output,
+# holder is someone else), 6 job fingerprint changed, 7 a daemon of another shard count on the output,
 # 9 finished with too many failed samples (a restart says the same again), 10 the job does
 # not fit on the output filesystem (someone must free space or move it). 1 (internal)
 # and 8 (producer could not start, e.g. an SGLang server still coming up) may be

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eagle3proto import events as ev
-from eagle3proto import paths
+from eagle3proto import layouts, paths
 from eagle3proto.journal import JournalWriter
 from eagle3proto.journalread import replay
 from eagle3proto.paths import Shard
@@ -58,6 +58,15 @@ class ShardReport:
     journal_problems: list[str] = field(default_factory=list)
     journal_fatal: bool = False
     store_dtype: str = ""  # of the shard's samples; "a, b" after a forced resume changed it
+    started_ts: float = 0.0  # its last run_started
+    #: the shard count that took over the rest of its rows (0: its layout is the current one)
+    closed_by: int = 0
+
+    @property
+    def pending(self) -> int | None:
+        if self.closed_by:
+            return 0
+        return max(self.total - self.saved - self.failed, 0) if self.total >= 0 else None
 
 
 @dataclass(slots=True)
@@ -73,22 +82,34 @@ class VerifyReport:
     damaged: dict[int, str] = field(default_factory=dict)
     #: sample id -> its record, for the damaged or missing ones (what --repair journals)
     saved_records: dict[int, ev.SampleSaved] = field(default_factory=dict)
+    saved_by: dict[int, Shard] = field(default_factory=dict)  # the journal that saved each of those
     repaired: list[str] = field(default_factory=list)  # what --repair did
     repair_error: str = ""
 
     @property
+    def all_failed(self) -> bool:
+        """Every sample the journals hold failed: nothing was saved."""
+        saved, failed = sum(s.saved for s in self.shards), sum(s.failed for s in self.shards)
+        return saved == 0 and failed > 0
+
+    @property
     def ok(self) -> bool:
-        if not self.shards or self.repaired or self.repair_error:
+        if not self.shards or self.repaired or self.repair_error or self.all_failed:
             return False
         return not self.problems and not any(s.journal_fatal for s in self.shards)
 
     @property
     def exit_code(self) -> int:
         """0: consistent; 1: a problem was found (repaired or not); 2: no journal under
-        the output."""
+        the output; 3: consistent, but every sample failed (nothing saved)."""
         if not self.shards:
             return 2
-        return 0 if self.ok else 1
+        if self.ok:
+            return 0
+        inconsistent = self.problems or any(s.journal_fatal for s in self.shards)
+        if self.all_failed and not inconsistent and not self.repaired and not self.repair_error:
+            return 3
+        return 1
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -108,8 +129,9 @@ class VerifyReport:
                     "total": s.total,
                     "saved": s.saved,
                     "failed": s.failed,
-                    "pending": max(s.total - s.saved - s.failed, 0) if s.total >= 0 else None,
+                    "pending": s.pending,
                     "finished": s.finished,
+                    "closed_by": s.closed_by or None,
                     "store_dtype": s.store_dtype,
                     "journal_problems": s.journal_problems,
                 }
@@ -124,8 +146,10 @@ class VerifyReport:
             lines.append("NOTHING TO VERIFY")
             return "\n".join(lines)
         for s in self.shards:
-            pending = max(s.total - s.saved - s.failed, 0)
-            state = "finished" if s.finished else f"{pending} pending"
+            if s.closed_by:
+                state = f"closed: the rest of its rows went to the {s.closed_by}-shard layout"
+            else:
+                state = "finished" if s.finished else f"{s.pending or 0} pending"
             stored = f", states {s.store_dtype}" if s.store_dtype else ""
             lines.append(
                 f"  {s.shard}: {s.saved} saved, {s.failed} failed of {s.total} ({state}{stored})"
@@ -145,6 +169,13 @@ class VerifyReport:
             lines.extend(f"    {r}" for r in self.repaired[:50])
             lines.append("  rerun the same `eagle3d run` command to extract them again")
             lines.append("REPAIRED")
+        elif self.exit_code == 3:
+            failed = sum(s.failed for s in self.shards)
+            lines.append(
+                f"  every sample failed ({failed}): nothing was saved"
+                f" (eagle3d report -o {self.output} lists why)"
+            )
+            lines.append("NOTHING SAVED")
         else:
             lines.append("OK" if self.ok else "INCONSISTENT")
         return "\n".join(lines)
@@ -253,6 +284,7 @@ class _ShardFold:
             elif isinstance(e, ev.RunStarted):
                 self.sr.total = e.total
                 self.sr.finished = False
+                self.sr.started_ts = e.ts
                 self.store = e.job.store_dtype
             elif isinstance(e, ev.RunFinished):
                 self.sr.finished = True
@@ -354,6 +386,10 @@ def verify(
         report.shards.append(sr)
     for _shard, _jdir, fold in folds:
         fold.sr.failed = fold.count_failed()
+    current = layouts.current_count((s.count, f.sr.started_ts) for s, _, f in folds)
+    for s, _, f in folds:
+        if s.count != current and current:
+            f.sr.closed_by = current
     total = sum(f.sr.saved for _, _, f in folds)
     checker = _Checker(output, opts, report, total)
     with checker:
@@ -374,7 +410,7 @@ class _Checker:
         self.report = report
         self.total = total
         self.store = ""
-        self.window: deque[tuple[ev.SampleSaved, Future[str | None]]] = deque()
+        self.window: deque[tuple[ev.SampleSaved, Shard, Future[str | None]]] = deque()
         self.limit = max(1, opts.jobs) * 4
         self.pool = ThreadPoolExecutor(max(1, opts.jobs), thread_name_prefix="verify")
         self.t0 = time.monotonic()
@@ -406,7 +442,7 @@ class _Checker:
             if len(self.window) >= self.limit:
                 self._take()
             store = self.store
-            self.window.append((e, self.pool.submit(self._check, e, store)))
+            self.window.append((e, shard, self.pool.submit(self._check, e, store)))
 
     def _check(self, rec: ev.SampleSaved, store: str) -> str | None:
         if self.opts.deep:
@@ -414,7 +450,7 @@ class _Checker:
         return check_bytes(self.output, rec, self.opts.quick)
 
     def _take(self) -> None:
-        rec, fut = self.window.popleft()
+        rec, shard, fut = self.window.popleft()
         problem = fut.result()
         report = self.report
         report.checked += 1
@@ -424,6 +460,7 @@ class _Checker:
             report.problems.append(problem)
             report.damaged[rec.idx] = problem
             report.saved_records[rec.idx] = rec
+            report.saved_by[rec.idx] = shard
         self._show()
 
     def _show(self, force: bool = False) -> None:
@@ -501,10 +538,8 @@ def repair(report: VerifyReport) -> None:
     is running is left alone (``report.repair_error``)."""
     output = report.output
     by_shard: dict[Shard, list[int]] = {}
-    for shard, _ in paths.shard_dirs(output):
-        ids = sorted(i for i in report.damaged if shard.owns(i))
-        if ids:
-            by_shard[shard] = ids
+    for idx in sorted(report.damaged):  # in the journal that saved it (one, whatever N was)
+        by_shard.setdefault(report.saved_by[idx], []).append(idx)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for shard, ids in by_shard.items():
         lock = ShardLock(paths.lock_path(output, shard))
@@ -555,8 +590,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "verify",
         help="check every committed sample against the journal",
         description="Check each sample the journal says is saved: present, size and checksum "
-        "match (--deep: tensors load with the right shapes too). Exit 0 only if all is consistent "
-        "(1: a problem was found, or repaired; 2: no journal under --output). "
+        "match (--deep: tensors load with the right shapes too). Exit 0 only if all is "
+        "consistent (1: a problem was found, or repaired; 2: no journal under --output; 3: "
+        "every sample failed, nothing was saved). "
         "--repair journals damaged or missing samples as invalid (files moved aside to "
         "OUTPUT/.eagle3d/damaged/, never deleted); the next `eagle3d run` redoes them.",
     )
