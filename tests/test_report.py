@@ -19,8 +19,10 @@ def state(events: list[ev.Event]) -> reducer.ShardState:
     return s
 
 
-def running(last_save_ago: float = 1.0, started_ago: float = 600.0, extra=()) -> reducer.ShardState:  # type: ignore[no-untyped-def]
-    evs: list[ev.Event] = [ev.RunStarted(ts=NOW - started_ago, total=100)]
+def running(
+    last_save_ago: float = 1.0, started_ago: float = 600.0, extra=(), **started
+) -> reducer.ShardState:  # type: ignore[no-untyped-def]
+    evs: list[ev.Event] = [ev.RunStarted(ts=NOW - started_ago, **{"total": 100, **started})]
     evs.append(
         ev.SampleSaved(ts=NOW - last_save_ago, idx=0, path="p", bytes=10, tokens=1, checksum="")
     )
@@ -89,19 +91,22 @@ def test_failures_rising_is_a_warning_only_while_recent() -> None:
     assert Report.judge([row(running(extra=[old]))], NOW).exit_code == OK
     retried = ev.SampleFailed(ts=NOW - 60, idx=5, error="E", retry=True)
     assert Report.judge([row(running(extra=[retried]))], NOW).exit_code == OK
-    # A steady trickle (1 in 500) is not "rising"; 6 in 500 is.
+    # Under the run's own rule (1 % here, recorded in run_started), a steady trickle (1 in
+    # 500) is not "rising"; 6 in 500 is, and the warning names the rule.
+    rule = {"total": 10_000, "max_failed_fraction": 0.01}
     saves = [
         ev.SampleSaved(
             ts=NOW - 250 + i * 0.5, idx=100 + i, path="p", bytes=1, tokens=1, checksum=""
         )
         for i in range(499)
     ]
-    one = row(running(extra=[*saves, fail]))
+    one = row(running(extra=[*saves, fail], **rule))
     assert Report.judge([one], NOW).exit_code == OK
     fails = [ev.SampleFailed(ts=NOW - 10, idx=900 + k, error="E") for k in range(6)]
-    six = row(running(extra=[*saves, *fails]))
+    six = row(running(extra=[*saves, *fails], **rule))
     r = Report.judge([six], NOW)
     assert r.exit_code == WARNING and "6 of the last 506 samples failed" in r.messages[0]
+    assert "more than --max-failed-fraction 0.01" in r.messages[0]
 
 
 def test_severity_order_and_text() -> None:

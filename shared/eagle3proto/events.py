@@ -69,6 +69,10 @@ class RunStarted(Event, tag="run_started"):
     already_saved: int = 0
     already_failed: int = 0
     skipped: int = 0  # blank lines of this shard: no samples, not counted in total
+    #: The run's failure rule (``--max-failed-fraction``): more samples failed for good than
+    #: this share of the total makes it exit 9, and the monitor warns by the same rule
+    #: (:func:`eagle3proto.views.too_many_failed`). -1: a journal from before it was recorded.
+    max_failed_fraction: float = -1.0
     # The session reads the dataset pinned (a changed file stops it; no line is ever cut
     # short by a file that ended early). An older version's bad_json failures are retried.
     dataset_pinned: bool = False

@@ -24,6 +24,25 @@ SILENT_AFTER_S = 30.0
 HUNG_AFTER_S = 300.0
 
 
+# -- the failure rule, one definition for the daemon's exit code and the monitor's verdict --
+#: ``eagle3d run --max-failed-fraction``'s default (what a journal that did not record the
+#: run's own value is judged by).
+MAX_FAILED_FRACTION = 0.05
+
+
+def too_many_failed(failed: int, total: int, max_failed_fraction: float) -> bool:
+    """THE failure rule: more samples failed for good than ``max_failed_fraction`` of the
+    job's ``total`` (a finished run then exits 9; the monitor warns as soon as it holds)."""
+    if failed <= 0 or total <= 0:
+        return False
+    return failed > max_failed_fraction * total
+
+
+def failure_limit(s: ShardState) -> float:
+    """The share of failures the run allows (its own, else the default)."""
+    return s.max_failed_fraction if s.max_failed_fraction >= 0 else MAX_FAILED_FRACTION
+
+
 class Rates(msgspec.Struct, kw_only=True):
     samples_s: float = 0.0
     tokens_s: float = 0.0

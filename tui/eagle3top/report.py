@@ -4,8 +4,10 @@ header shows (like black's report.py: counting, exit status and wording in one o
 Each shard's :func:`~eagle3top.model.health` gives a state, a level and a reason; the
 report adds what a state alone does not say, per shard with a live daemon:
 
-* "failures rising": more than 1 % of the samples finished in the last 5 minutes failed for
-  good (WARNING);
+* the run's failure rule (its ``--max-failed-fraction``, from the journal; the daemon's exit
+  code follows the same rule): "too many failures" once more than that share of the job
+  failed for good, else "failures rising" while the producer works and more than that share
+  of the samples finished in the last 5 minutes failed (WARNING);
 * the output filesystem full (< 256 MiB free, CRITICAL) or the rest of the job projected not
   to fit (WARNING);
 * a GPU XID error within the last hour (CRITICAL), uncorrected ECC errors since the driver
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from eagle3proto import views
 from eagle3proto.reducer import ShardState
 
 from . import fmt
@@ -45,7 +48,6 @@ __all__ = ["CRITICAL", "OK", "UNKNOWN", "WARNING", "Report", "recent_failures"]
 
 #: "Failures rising": more than this share of the samples finished in the window failed.
 FAILURE_WINDOW_S = 300.0
-FAILURE_SHARE = 0.01
 #: A GPU XID error is critical for this long after the daemon saw it.
 XID_CRITICAL_S = 3600.0
 #: Throttle reasons that mean the hardware is in trouble (not a normal power cap).
@@ -57,8 +59,9 @@ exit codes (--once), the most severe shard wins (2, then 1, 3, 0):
      producer for less than {LOAD_LIMIT_S / 60:.0f} min (longer while the load makes progress)
   1  WARNING: paused, stalled (nothing saved for 120 s, or silent for 30 s, with the
      producer up), stopped cleanly with work left, producer down (for less than
-     {PRODUCER_CRITICAL_S / 60:.0f} min), a load without progress past the limit, >1% of the
-     samples of the last 5 min failed, disk projected to run out, GPU ECC errors or
+     {PRODUCER_CRITICAL_S / 60:.0f} min), a load without progress past the limit, more failures
+     than the run's --max-failed-fraction (over the job, or over the samples of the
+     last 5 min), disk projected to run out, GPU ECC errors or
      hardware throttling
   2  CRITICAL: daemon down with work left, run failed (non-zero exit), output disk full,
      producer down for {PRODUCER_CRITICAL_S / 60:.0f} min or never up after
@@ -74,6 +77,35 @@ def recent_failures(s: ShardState, now: float) -> tuple[int, int]:
     failed = sum(1 for e in s.errors if not e.retry and since <= e.ts <= now)
     saved = sum(b.samples for b in s.history if since <= b.t <= now)
     return failed, failed + saved
+
+
+def failure_findings(s: ShardState, state: str, now: float) -> list[tuple[int, str]]:
+    """The run's own failure rule (``--max-failed-fraction``, from its journal), judged as
+    the daemon judges its exit code (:func:`eagle3proto.views.too_many_failed`): over the
+    whole job, and over the samples finished in the last 5 minutes while the producer works
+    (not during a model load). Under it, nothing; each warning names the rule."""
+    limit = views.failure_limit(s)
+    rule = f"more than --max-failed-fraction {limit:g}"
+    out: list[tuple[int, str]] = []
+    if s.total > 0 and views.too_many_failed(s.failed, s.total, limit):
+        out.append(
+            (
+                WARNING,
+                f"too many failures: {s.failed} of {s.total} samples failed for good, {rule}"
+                " allows (the run will exit 9)",
+            )
+        )
+    elif state in ("running", "stalled"):
+        failed, done = recent_failures(s, now)
+        if views.too_many_failed(failed, done, limit):
+            out.append(
+                (
+                    WARNING,
+                    f"failures rising: {failed} of the last {done} samples failed"
+                    f" ({FAILURE_WINDOW_S / 60:.0f} min), {rule}",
+                )
+            )
+    return out
 
 
 @dataclass
@@ -130,15 +162,7 @@ class Report:
         if s is None or h.state in ("finished", "stopped", "down", "unknown"):
             return []
         out: list[tuple[int, str]] = []
-        failed, done = recent_failures(s, now)
-        if failed and failed > FAILURE_SHARE * done:
-            out.append(
-                (
-                    WARNING,
-                    f"failures rising: {failed} of the last {done} samples failed"
-                    f" ({FAILURE_WINDOW_S / 60:.0f} min)",
-                )
-            )
+        out.extend(failure_findings(s, h.state, now))
         proj = fmt.project_disk(row.view(now), fmt.find_disk(s.stats, "output"))
         if proj is None or (proj.full and h.state == "paused"):
             pass  # paused on that full disk: the pause already says so

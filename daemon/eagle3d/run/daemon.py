@@ -8,9 +8,11 @@ the pieces of the pipeline (:mod:`eagle3d.run.assemble`), and the feeder tokeniz
 producer is up the pipeline runs (:mod:`eagle3d.run.pipeline` around the
 :class:`~eagle3d.core.ledger.Ledger`) with the 1 s :mod:`ticker <eagle3d.run.ticker>`, until
 the ledger says it is done. Nothing is sent before the space check passed and the producer is
-up; the producer's own reports reach the journal after ``run_started``. Stop, in this order: the progress
-line, the producer (its workers finish what they hold), the dump watcher, the feeder, the
-commit threads (what runs is finished), the journal, the socket, the lock.
+up; the producer's own reports reach the journal after ``run_started``. Stop, in this order
+(the reverse of the opening, the producer's stop pushed again once the pieces exist so that
+it comes before them): the tick and the progress line, the producer (its workers finish
+what they hold), the dump watcher, the feeder, the commit threads (what runs is finished),
+the reaper, the socket, the run's own dump folder, the journal, the lock.
 
 Every outside event reaches the loop thread through one :class:`~eagle3d.run.inbox.Inbox`,
 signals included (SIGTERM and SIGINT stop, SIGHUP probes a paused area now), and goes to the
@@ -46,7 +48,7 @@ from eagle3d.exitcodes import EXIT_INTERNAL, EXIT_OUTPUT, EXIT_PRODUCER, Fatal
 from eagle3d.produce.base import Producer
 from eagle3d.produce.factory import make_producer, starting_words
 from eagle3d.remote.threadnames import name_threads
-from eagle3d.run import capture, diskguard, job, layout, preflight, spacecheck
+from eagle3d.run import capture, checkpoints, diskguard, job, layout, preflight, spacecheck
 from eagle3d.run import recorder as recording
 from eagle3d.run.assemble import (
     Opened,
@@ -56,6 +58,7 @@ from eagle3d.run.assemble import (
     own_dump_dir,
     remove_if_empty,
 )
+from eagle3d.run.checkpoints import Checkpoints
 from eagle3d.run.inbox import Inbox, InboxMsg, ProducerPort, Signalled
 from eagle3d.run.pipeline import Pipeline
 from eagle3d.run.recorder import Recorder
@@ -162,15 +165,21 @@ class Daemon:
         stack.callback(lock.release)
         self.notifier.status("reading the journal")
         self.status[:] = bytearray(facts.lines)
+        # Every record reaches subscribers through the inbox, and the checkpoint writer.
+        ckpts = Checkpoints(self.jdir, self.inbox.put)
         journal = JournalWriter(
             self.jdir,
             shard_index=self.shard.index,
             shard_count=self.shard.count,
-            listener=self.inbox.put,  # every record reaches subscribers through the inbox
+            listener=ckpts.listener,
+            on_position=ckpts.on_position,
             fileops=recording.FaultFileOps(),  # a module attribute: tests slot a layer under it
         )
         resume = ResumeFold(self.status, self.state)
-        journal.open(resume.sink)
+        start = await asyncio.to_thread(checkpoints.restore, resume, self.jdir)
+        journal.open(resume.sink, start)
+        ckpts.seed(resume)
+        stack.callback(ckpts.close)  # after the journal's last record: a clean stop's fold
         reserve = diskguard.Reserve(os.path.join(self.jdir, ".reserve"))
         recorder = Recorder(journal, self.inbox.put, reserve)
         identity = diskguard.OutputIdentity(self.output, self.jdir, journal.segment)
@@ -207,7 +216,7 @@ class Daemon:
         """Every check that can refuse a new job, before anything is written under the
         output; the job's facts."""
         cfg = self.cfg
-        layout.check(self.output, self.shard)
+        layout.check(self.output, self.shard, fold=False)
         preflight.check_output_reachable(self.output)
         self.notifier.status("reading dataset")
         facts = await asyncio.to_thread(job.describe, cfg, self.shard, self.output)
@@ -310,11 +319,11 @@ class Daemon:
             log.info("%d blank line(s) of %s skipped (no samples)", len(facts.blank), cfg.dataset)
         return sock
 
-    @staticmethod
     def _started(
-        facts: job.JobFacts, session: int, sock: str, saved: int, failed: int
+        self, facts: job.JobFacts, session: int, sock: str, saved: int, failed: int
     ) -> ev.RunStarted:
         return ev.RunStarted(
+            max_failed_fraction=self.cfg.max_failed_fraction,
             job=facts.job,
             total=facts.total,
             session=session,

@@ -10,7 +10,7 @@ from typing import Any
 from eagle3proto.paths import Shard
 
 from eagle3d.exitcodes import EXIT_OK, EXIT_SPACE
-from eagle3d.store import sizing
+from eagle3d.store import pace, sizing
 
 
 @dataclass(slots=True)
@@ -45,6 +45,7 @@ class PlanReport:
     reserve: int
     bytes_per_token: float  # of the files, at this job's token counts
     problems: list[str] = field(default_factory=list)
+    commit: pace.CommitPace | None = None  # the commit rate this machine's CPUs can hold
 
     @property
     def in_scope(self) -> list[ShardPlan]:
@@ -116,6 +117,8 @@ class PlanReport:
             "exit_code": self.exit_code,
             "shards": [shard(s) for s in self.shards],
             "problems": self.problems,
+            "commit_bytes_per_s": round(self.commit.bytes_per_s) if self.commit else None,
+            "commit_tokens_per_s": round(self.commit.tokens_per_s) if self.commit else None,
         }
 
     def __str__(self) -> str:
@@ -157,6 +160,8 @@ class PlanReport:
         what = self.scope.name if self.scope is not None else "the job"
         pm = f" ± {z(self.bound)}" if self.bound else ""
         lines.append(f"  {what} writes {z(self.bytes)}{pm}; reserve {z(self.reserve)}")
+        if self.commit is not None:
+            lines.append(f"  {self.commit.describe()}")
         lines.extend(f"  {p}" for p in self.problems)
         if self.disk is None:
             lines.append("  free space: unknown")
