@@ -187,9 +187,7 @@ class Daemon:
         stack.callback(recorder.close)
         for i in facts.blank:  # no samples: skipped, whatever an older version made of them
             self.status[i] = SKIPPED
-        problem = identity.rows.adopt(*self._row_folders())
-        if problem:
-            raise Fatal(EXIT_OUTPUT, problem)
+        self._check_row_folders(identity)
         reserve.make()
         if others:  # the shard count changed: what other layouts settled stays theirs
             facts.inherited = reshard.settle(self.status, self.shard, others)
@@ -231,12 +229,15 @@ class Daemon:
             await asyncio.to_thread(spacecheck.check_space, *args)
         return facts
 
-    def _row_folders(self) -> tuple[list[str], set[str]]:
-        """(this shard's row folders, those holding samples the journal says are saved)."""
+    def _check_row_folders(self, identity: diskguard.OutputIdentity) -> None:
+        """The job's row folders are real folders, and those holding samples the journal
+        says are saved exist (exit 4 naming the first that is not); they are remembered."""
         ids = range(self.shard.index, len(self.status), self.shard.count)
         names = [paths.rows_dir(g) for g in range(0, len(self.status), paths.GROUP_SIZE)]
         saved = {paths.rows_dir(i) for i in ids if self.status[i] == SAVED}
-        return names, saved
+        problem = identity.rows.adopt(names, saved)
+        if problem:
+            raise Fatal(EXIT_OUTPUT, problem)
 
     def _begin(self, opened: Opened) -> Pipeline:
         """The ledger from the journal's replay, the pipeline around it, and the inbox open
