@@ -32,10 +32,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgspec
+from eagle3proto import checkpoint, paths, reducer, wire
 from eagle3proto import events as ev
-from eagle3proto import paths, reducer, wire
 from eagle3proto.codec import HEADER_SIZE, scan
-from eagle3proto.journalread import Follower, list_segments, replay
+from eagle3proto.journalread import Follower, Replay, list_segments, replay
 
 from .model import Row
 
@@ -237,11 +237,30 @@ def _read_snapshot(recv: Callable[[int], bytes], timeout: float) -> wire.Snapsho
 
 
 def read_journal(jdir: str) -> tuple[reducer.ShardState, Follower]:
-    """Fold a shard's whole journal (read-only). The follower continues from its end."""
-    state = reducer.new_state()
-    fol = Follower(jdir)
+    """Fold a shard's journal (read-only): its checkpoint and the records after it, or the
+    whole journal when it has none that checks out. The follower continues from its end."""
+    ck = checkpoint.load(jdir).checkpoint
+    if ck is None:
+        state, fol = reducer.new_state(), Follower(jdir)
+    else:
+        state, fol = ck.state, Follower.after(jdir, ck.position)
     reducer.apply_all(state, fol.poll())
     return state, fol
+
+
+def fold_journal(jdir: str) -> tuple[reducer.ShardState, Replay, str]:
+    """A shard's state from its checkpoint and the journal's tail after it (the whole
+    journal when the checkpoint is missing or refused), what the replay found, and why a
+    checkpoint was refused ('' when none was, or there was none)."""
+    loaded = checkpoint.load(jdir)
+    ck = loaded.checkpoint
+    state = reducer.new_state() if ck is None else ck.state
+
+    def fold(batch: list[ev.AnyEvent]) -> None:
+        reducer.apply_all(state, batch)
+
+    rep = replay(jdir, fold, None if ck is None else ck.position)
+    return state, rep, "" if ck is not None or loaded.missing else loaded.note
 
 
 def once_local(t: Target) -> Row:
@@ -262,14 +281,11 @@ def once_local(t: Target) -> Row:
         row.output = snap.output or row.output
         return row
     if t.jdir and list_segments(t.jdir):
-        state = reducer.new_state()
-
         # replay (not Follower): it also reports a torn tail in the newest segment, which
         # matters when the daemon is gone.
-        def fold(batch: list[ev.AnyEvent]) -> None:
-            reducer.apply_all(state, batch)
-
-        rep = replay(t.jdir, fold)
+        state, rep, refused = fold_journal(t.jdir)
+        if refused:
+            row.notes.append(refused)
         row.state = state
         row.source, row.conn = "journal", "journal"
         row.alive = lock_held(t.lock) if t.lock else None

@@ -48,7 +48,7 @@ from eagle3d.exitcodes import EXIT_INTERNAL, EXIT_PRODUCER, Fatal
 from eagle3d.produce.base import Producer
 from eagle3d.produce.factory import make_producer, starting_words
 from eagle3d.remote.threadnames import name_threads
-from eagle3d.run import capture, diskguard, job, layout, preflight, spacecheck
+from eagle3d.run import capture, checkpoints, diskguard, job, layout, preflight, spacecheck
 from eagle3d.run import recorder as recording
 from eagle3d.run.assemble import (
     Opened,
@@ -58,6 +58,7 @@ from eagle3d.run.assemble import (
     own_dump_dir,
     remove_if_empty,
 )
+from eagle3d.run.checkpoints import Checkpoints
 from eagle3d.run.inbox import Inbox, InboxMsg, ProducerPort, Signalled
 from eagle3d.run.pipeline import Pipeline
 from eagle3d.run.recorder import Recorder
@@ -163,15 +164,21 @@ class Daemon:
         self.notifier.status("reading dataset and journal")
         facts = await asyncio.to_thread(job.describe, cfg, self.shard, self.output)
         self.status[:] = bytearray(facts.lines)
+        # Every record reaches subscribers through the inbox, and the checkpoint writer.
+        ckpts = Checkpoints(self.jdir, self.inbox.put)
         journal = JournalWriter(
             self.jdir,
             shard_index=self.shard.index,
             shard_count=self.shard.count,
-            listener=self.inbox.put,  # every record reaches subscribers through the inbox
+            listener=ckpts.listener,
+            on_position=ckpts.on_position,
             fileops=recording.FaultFileOps(),  # a module attribute: tests slot a layer under it
         )
         resume = ResumeFold(self.status, self.state)
-        journal.open(resume.sink)
+        start = await asyncio.to_thread(checkpoints.restore, resume, self.jdir)
+        journal.open(resume.sink, start)
+        ckpts.seed(resume)
+        stack.callback(ckpts.close)  # after the journal's last record: a clean stop's fold
         reserve = diskguard.Reserve(os.path.join(self.jdir, ".reserve"))
         recorder = Recorder(journal, self.inbox.put, reserve)
         identity = diskguard.OutputIdentity(self.output, self.jdir, journal.segment)

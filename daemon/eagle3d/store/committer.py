@@ -1,12 +1,14 @@
 """Validate a dump and commit it as a SpecForge-readable sample, atomically.
 
-Commit order per sample: write ``rows_*/.data_<idx>.ckpt.tmp-*`` in the final directory while
+Commit order per sample: write ``.data_<idx>.ckpt.tmp-*`` in the shard's staging folder
+(``.eagle3d/staging/shard-*``, on the output's filesystem) while
 computing the content checksum (in ``torch.save``'s format by :mod:`eagle3d.store.archive`, with
 direct I/O where the filesystem allows it, or by ``torch.save`` itself for samples of 4 GiB
-and more), fdatasync it, rename it to ``data_<idx>.ckpt``, fsync the directory. Only then
+and more), fdatasync it, rename it to ``rows_*/data_<idx>.ckpt``, fsync that directory. Only then
 may the caller append ``sample_saved`` to the journal. A crash at any instant leaves the
 sample either complete under its final name, or absent (a stray temp file is removed at the
-next start). :meth:`Committer.commit_many` does this for a batch, with one directory sync
+next start, which lists the staging folder only: at most what was committing, never the
+rows' folders). :meth:`Committer.commit_many` does this for a batch, with one directory sync
 per row directory for all of it.
 
 The states are written in the job's storage format (:mod:`eagle3d.remote.storedtype`): a dump that
@@ -31,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from eagle3proto import paths
 from eagle3proto.paths import TMP_MARK, sample_relpath
 
 from eagle3d.dumps.format import BadDump, Dump, read_dump
@@ -79,8 +82,10 @@ class Committer:
         store: StoreFormat | None = None,
         writer: str = "archive",
         splice: bool = True,
+        staging: str = "",
     ) -> None:
-        """``writer``: ``archive`` (own writer, direct I/O, the ``splice`` fast path from dump
+        """``staging``: the folder temp files are written in (default
+        ``OUTPUT/.eagle3d/staging/shard-0-of-1``); ``writer``: ``archive`` (own writer, direct I/O, the ``splice`` fast path from dump
         files; ``splice=False`` for its A/B) or ``torch`` (``torch.save``, the reference)."""
         if writer not in WRITERS:
             raise ValueError(f"writer must be one of {', '.join(WRITERS)}, not {writer!r}")
@@ -88,6 +93,8 @@ class Committer:
         self.splice = splice and writer == "archive"
         self.output = output
         os.makedirs(output, exist_ok=True)  # here, once: never again under a running job
+        self.staging = staging or paths.staging_dir(output, paths.Shard())
+        os.makedirs(self.staging, exist_ok=True)
         self.store = store
         # Samples are written with O_DIRECT where the filesystem allows it (see
         # write_direct); the first refusal switches to buffered writes for good.
@@ -109,19 +116,14 @@ class Committer:
         load(save(x))
         all_finite(x["x"])
 
-    def clean_temp_files(self, relpaths: list[str]) -> int:
-        """Remove stray temp files in the row directories of ``relpaths`` (no tree walk)."""
+    def clean_temp_files(self) -> int:
+        """Remove the temp files a crash left in the staging folder (the one folder listed:
+        it holds at most what was committing)."""
         removed = 0
-        for d in sorted({os.path.dirname(p) for p in relpaths}):
-            full = os.path.join(self.output, d)
-            try:
-                names = os.listdir(full)
-            except FileNotFoundError:
-                continue
-            for name in names:
-                if TMP_MARK in name and name.startswith("."):
-                    os.unlink(os.path.join(full, name))
-                    removed += 1
+        for name in os.listdir(self.staging):
+            if TMP_MARK in name and name.startswith("."):
+                _unlink_quietly(os.path.join(self.staging, name))
+                removed += 1
         return removed
 
     def _ensure_dir(self, rel_dir: str) -> str:
@@ -284,7 +286,7 @@ class Committer:
         rel_dir, name = os.path.split(rel)
         try:
             full_dir = self._ensure_dir(rel_dir)
-            tmp = os.path.join(full_dir, f".{name}{TMP_MARK}{os.getpid()}-{next(self._n)}")
+            tmp = os.path.join(self.staging, f".{name}{TMP_MARK}{os.getpid()}-{next(self._n)}")
             direct = self.direct and direct_ok
             fd = self._open_temp(tmp, direct)
             try:
