@@ -14,7 +14,7 @@ import crashcheck
 import pytest
 import torch
 from eagle3d.core import outcome as oc
-from eagle3d.core.sample import Sample
+from eagle3d.core.sample import CommitJob
 from eagle3d.remote.dumpfile import write_dump
 from eagle3d.run import diskguard
 from eagle3d.run import reaper as rp
@@ -43,16 +43,15 @@ class Setup:
         )
         self.identity = diskguard.OutputIdentity(str(self.out), self.jdir, self.journal.segment)
 
-    def sample(self, idx: int, nan: bool = False) -> Sample:
+    def sample(self, idx: int, nan: bool = False) -> CommitJob:
         aux = torch.randn(T, len(LAYERS) * H)
         if nan:
             aux[1, 2] = float("nan")
         path = write_dump(
             str(self.dumps), f"r-{idx}", torch.arange(T), aux, torch.randn(T, H), LAYERS
         )
-        p = Sample(idx, list(range(T)), [1] * T, rid=f"r-{idx}")
-        p.dump_path, p.dump_bytes = path, os.path.getsize(path)
-        return p
+        ids = list(range(T))
+        return CommitJob(f"r-{idx}", idx, ids, [1] * T, False, 0, path, os.path.getsize(path))
 
     def saved_in_journal(self) -> set[int]:
         recs = crashcheck.read_journal(self.jdir).records

@@ -22,6 +22,7 @@ from eagle3d.exitcodes import CODES
 from eagle3proto import events as ev
 from eagle3proto import layouts, reducer
 from eagle3proto.paths import Shard
+from eagle3top.model import OK, Row, health, totals
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -112,6 +113,34 @@ def test_the_newest_session_names_the_current_layout() -> None:
     closed = layouts.closed_view(s, 3)
     assert (closed.total, closed.state, s.total, s.state) == (1, "finished", 5, "stopped")
     assert "3-shard layout" in closed.state_reason
+
+
+def _row(output: str, shard: Shard, ts: float, saved: int, total: int) -> Row:
+    job = ev.JobInfo(output=output, shard_index=shard.index, shard_count=shard.count)
+    s = reducer.apply_all(
+        reducer.new_state(),
+        [
+            ev.RunStarted(ts=ts, total=total, job=job),
+            *(_saved_rec(shard.index + shard.count * k) for k in range(saved)),
+            ev.RunStopped(ts=ts + 1, reason="signal SIGTERM"),
+        ],
+    )
+    return Row(label=shard.name, output=output, state=s, alive=False)
+
+
+def test_the_monitor_closes_the_old_layout_of_each_job_it_watches() -> None:
+    """Job A went from 2 shards to 3; job B (another output, one shard, newer than all of
+    A's sessions) is its own job: its count closes nothing of A's."""
+    a_old = _row("/a", Shard(0, 2), 10.0, saved=4, total=10)
+    a_new = _row("/a", Shard(0, 3), 20.0, saved=1, total=5)
+    b = _row("/b", Shard(0, 1), 30.0, saved=2, total=9)
+    rows = [a_old, a_new, b]
+    tot = totals(rows, 100.0)
+    assert [r.closed_by for r in rows] == [3, 0, 0]
+    assert (tot.total, tot.saved) == (4 + 5 + 9, 4 + 1 + 2)
+    h = health(a_old, 100.0)
+    assert (h.state, h.level) == ("finished", OK) and "3-shard layout" in h.reason, h
+    assert health(a_new, 100.0).state == "stopped"
 
 
 # -- a change of the shard count: real daemons ---------------------------------------------------

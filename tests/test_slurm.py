@@ -156,6 +156,13 @@ def wait_tasks(job: str, pred: Any, what: str, timeout: float = 240) -> dict[int
     raise AssertionError(f"timed out after {timeout} s waiting for {what}; squeue: {seen}")
 
 
+def _seconds(runtime: str) -> int:
+    """``[D-]HH:MM:SS`` (scontrol's RunTime) in seconds."""
+    days, _, hms = runtime.rpartition("-")
+    h, m, sec = (int(x) for x in hms.split(":"))
+    return (int(days) if days else 0) * 86400 + h * 3600 + m * 60 + sec
+
+
 def ended(n: int) -> Any:
     return lambda t: len(t) == n and all(s in ENDED for s, _ in t.values())
 
@@ -339,10 +346,13 @@ def test_scontrol_requeue_of_a_running_task(
 def test_time_limit_with_signal_drains_cleanly(
     cluster: str, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    """``--time=2 --signal=B:TERM@60``: Slurm signals the batch shell before the limit (up
-    to 30 s earlier than asked: its time-limit check runs every 30 s), which passes SIGTERM
-    to the daemon mid-run: a clean drain, exit 0 before the limit (COMPLETED, not TIMEOUT),
-    "resumable"; the monitor agrees; a resubmission finishes the job."""
+    """``--signal=B:TERM@60``, the time limit then brought near with ``scontrol update
+    jobid=... TimeLimit=`` once the daemon saves (1-2 minutes left: on a loaded machine a
+    short ``--time`` had Slurm's 30 s time-limit tick, which sends the signal up to 30 s
+    early, land in the model's load, a clean stop "while starting" that shows no drain).
+    Slurm signals the batch shell, which passes SIGTERM to the daemon mid-run: a clean drain,
+    exit 0 before the limit (COMPLETED, not TIMEOUT), "resumable"; the monitor agrees; a
+    resubmission finishes the job."""
     data, out = tmp_path / "data.jsonl", tmp_path / "hs"
     valid, bad = runkit.dataset(data, 297)
     job = submit(
@@ -352,9 +362,16 @@ def test_time_limit_with_signal_drains_cleanly(
         out,
         "0",
         *WINDOW,
-        sbatch=("--time=2", "--signal=B:TERM@60"),
+        sbatch=("--time=10", "--signal=B:TERM@60"),
         fault="worker_slow:1500",
     )
+    runkit.wait_for(lambda: saved_by(out, "shard-0-of-1") >= 3, 180, "the first saves")
+    ran = _seconds(show(f"{job}_0")["RunTime"])
+    limit = ran // 60 + 2  # minutes: 60-120 s left, the signal due within the next ticks
+    subprocess.run(
+        ["scontrol", "update", f"jobid={job}_0", f"TimeLimit={limit}"], check=True, timeout=30
+    )
+    assert show(f"{job}_0")["TimeLimit"] in (f"00:{limit:02d}:00", f"{limit:02d}:00")
     t = wait_tasks(job, ended(1), "the task's end", timeout=240)
     log = (tmp_path / f"slurm-{job}_0.out").read_text()
     assert t[0][0] == "COMPLETED", (t, log[-3000:])

@@ -212,9 +212,13 @@ def test_values_at_specforges_capture_layers_equal_an_hf_forward(work: Path) -> 
 
     torch.set_num_threads(1)  # small forwards: a second thread only waits at barriers
     cfg, draft, target = cfg_and_draft(work)
+    from eagle3d.remote.dumpfile import default_aux_layers
+
     layers = resolve_eagle_capture_layers(cfg, draft, target)
     n = target.num_hidden_layers
-    assert layers == [1, n // 2 - 1, n - 4]
+    # The demo's 6 layers: eagle3d's distinct default [1, 3, 5], which the doc's drafter.yaml
+    # gives SpecForge in its ids (SpecForge's own default would repeat one: [1, 2, 2]).
+    assert layers == [i - 1 for i in default_aux_layers(n)] == [0, 2, 4]
     model = AutoModelForCausalLM.from_pretrained(
         str(work / cfg.model.target_model_path), dtype=torch.float32
     ).eval()

@@ -228,15 +228,21 @@ def worst(states: list[str]) -> str:
 
 
 def mark_layouts(rows: list[Row]) -> None:
-    """Mark the rows of journals closed by a change of the shard count (the newest session's
-    layout is the current one: :mod:`eagle3proto.layouts`)."""
-    current = layouts.current_count(
-        (r.state.job.shard_count, r.state.session_start_ts)
-        for r in rows
-        if r.state is not None and r.state.job is not None
-    )
+    """Mark the rows of journals closed by a change of the shard count: per output (one
+    monitor may watch several jobs), the newest session's layout is the current one
+    (:mod:`eagle3proto.layouts`)."""
+    jobs: dict[str, list[tuple[Row, ShardState]]] = {}
     for r in rows:
-        r.closed_by = layouts.closed_by(r.state, current) if r.state is not None else 0
+        r.closed_by = 0
+        s = r.state
+        if s is not None and s.job is not None:
+            jobs.setdefault(r.output or s.job.output, []).append((r, s))
+    for members in jobs.values():
+        current = layouts.current_count(
+            (s.job.shard_count, s.session_start_ts) for _, s in members if s.job is not None
+        )
+        for r, s in members:
+            r.closed_by = layouts.closed_by(s, current)
 
 
 def totals(rows: list[Row], now: float) -> View:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from eagle3d.remote.dumpfile import FORMAT
+from eagle3d.remote.dumpfile import FORMAT, SCALE_SUFFIX
 
 if TYPE_CHECKING:
     import torch
@@ -63,6 +63,9 @@ class Dump:
     aux_hidden_state: torch.Tensor
     hidden_state: torch.Tensor
     nbytes: int
+    #: ``<state>_scale`` -> its float32 ``[T, 1]`` scales, for fp8 states dumped already in
+    #: the stored format (:func:`eagle3d.remote.storedtype.to_stored`); else empty.
+    scales: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 class BadDump(ValueError):
@@ -93,6 +96,7 @@ def read_dump(path: str) -> Dump:
             ids = f.get_tensor("input_ids")
             aux = f.get_tensor("aux_hidden_state")
             hid = f.get_tensor("hidden_state")
+            scales = {k: f.get_tensor(k) for k in sorted(keys) if k.endswith(SCALE_SUFFIX)}
     except BadDump:
         raise
     except FileNotFoundError as e:
@@ -102,4 +106,4 @@ def read_dump(path: str) -> Dump:
     if meta.get("format") != FORMAT:
         raise BadDump(f"{os.path.basename(path)}: format {meta.get('format')!r}, want {FORMAT}")
     layers = [int(x) for x in meta.get("layers", "").split(",") if x]
-    return Dump(meta.get("rid", ""), layers, ids, aux, hid, size)
+    return Dump(meta.get("rid", ""), layers, ids, aux, hid, size, scales)

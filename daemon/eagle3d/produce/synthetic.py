@@ -71,7 +71,7 @@ class SyntheticProducer(Producer):
         self._cond = threading.Condition()
         self._stopped = False
         self._server: threading.Thread | None = None
-        self._cache: dict[int, tuple[Any, Any]] = {}
+        self._cache: dict[int, tuple[Any, Any, Any]] = {}
 
     async def start(self, events: ProducerEvents | None = None) -> None:
         self._events = events
@@ -116,8 +116,8 @@ class SyntheticProducer(Producer):
             self._done += 1
             return
         ids = torch.tensor(r.input_ids, dtype=torch.int64)
-        aux, hid = self._states(t)
-        path = write_dump(self.dump_dir, r.rid, ids, aux, hid, self.layers)
+        aux, hid, scales = self._states(t)
+        path = write_dump(self.dump_dir, r.rid, ids, aux, hid, self.layers, scales)
         if self.link and key not in self._templates:
             # The daemon deletes the dump; a link of it under a name of its own stays.
             keep = os.path.join(
@@ -128,23 +128,28 @@ class SyntheticProducer(Producer):
                 self._templates.setdefault(key, keep)
         self._done += 1
 
-    def _states(self, t: int) -> tuple[Any, Any]:
-        """Constant states of ``t`` tokens in the dump dtype of the job's storage format,
-        made once per length: a server's states arrive by DMA, not by a CPU filling them,
-        so only the dump's own write is this producer's work."""
+    def _states(self, t: int) -> tuple[Any, Any, Any]:
+        """Constant states of ``t`` tokens in the job's storage format (fp8's with their
+        scales, as the HF workers dump them: :func:`storedtype.to_stored`), made once per
+        length: a server's states arrive by DMA, not by a CPU filling them, so only the
+        dump's own write is this producer's work."""
         import torch
 
         hit = self._cache.get(t)
         if hit is None:
             name = self.dtype if self.dtype != "auto" else "float32"
             fmt = storedtype.FORMATS.get(name)
-            dtype = getattr(torch, fmt.dump_dtype if fmt is not None else name)
+            dtype = torch.float32 if fmt is not None else getattr(torch, name)
             aux = torch.full((t, len(self.layers) * self.hidden), 0.5, dtype=dtype)
             hid = torch.full((t, self.hidden), 0.25, dtype=dtype)
+            scales = None
+            if fmt is not None:
+                (aux, aux_s), (hid, hid_s) = (storedtype.to_stored(x, fmt) for x in (aux, hid))
+                scales = (aux_s, hid_s) if aux_s is not None and hid_s is not None else None
             with self._cond:
                 if len(self._cache) >= 16:  # a few lengths: a benchmark's, not a dataset's
                     self._cache.pop(next(iter(self._cache)))
-                hit = self._cache[t] = (aux, hid)
+                hit = self._cache[t] = (aux, hid, scales)
         return hit
 
     def window(self) -> int:

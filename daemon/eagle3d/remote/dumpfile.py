@@ -6,8 +6,10 @@ A dump is a safetensors file ``<dump_dir>/<rid>.e3dump`` holding
 * ``aux_hidden_state`` ``[T, 3H]`` - the states entering the aux layers, concatenated,
 * ``hidden_state`` ``[T, H]`` - the final, post-norm state,
 
-with string metadata ``format`` (``eagle3-dump-v1``), ``rid``, ``layers`` ("2,16,29") and
-``dtype``. The two states share one float dtype (F32, BF16 or F16), which ``dtype`` names:
+(and, for fp8 states already in the stored format, ``F8_E4M3`` states with their float32
+``aux_hidden_state_scale`` and ``hidden_state_scale`` ``[T, 1]``), with string metadata
+``format`` (``eagle3-dump-v1``), ``rid``, ``layers`` ("2,16,29") and ``dtype``. The two
+states share one float dtype (F32, BF16, F16, or F8_E4M3 with scales), which ``dtype`` names:
 the job's storage dtype (:mod:`eagle3d.remote.storedtype`) when the producer was told it (the HF
 worker always is, the SGLang hook when its config has ``store_dtype``), the compute dtype
 otherwise; the commit casts a dump in another dtype than the job's. It is written to ``.<rid>.e3dump.tmp`` and renamed into place when complete, so
@@ -29,6 +31,8 @@ if TYPE_CHECKING:
     import torch
 
 FORMAT = "eagle3-dump-v1"
+#: Beside fp8 states already in the stored format: their scales, ``<name>_scale``.
+SCALE_SUFFIX = "_scale"
 SUFFIX = ".e3dump"
 TMP_SUFFIX = ".tmp"
 
@@ -60,8 +64,12 @@ def write_dump(
     aux_hidden_state: torch.Tensor,
     hidden_state: torch.Tensor,
     layers: list[int],
+    scales: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> str:
-    """Write one dump atomically (temp name, then rename). Returns the final path."""
+    """Write one dump atomically (temp name, then rename). Returns the final path.
+
+    ``scales`` (aux's, hidden's; ``[T, 1]`` float32) go with fp8 states already in the
+    stored format (:func:`eagle3d.remote.storedtype.to_stored`), as ``<name>_scale``."""
     import torch
 
     final = dump_path(dump_dir, rid)
@@ -71,6 +79,9 @@ def write_dump(
         "aux_hidden_state": aux_hidden_state.detach().cpu().contiguous(),
         "hidden_state": hidden_state.detach().cpu().contiguous(),
     }
+    if scales is not None:
+        for name, sc in zip(("aux_hidden_state", "hidden_state"), scales, strict=True):
+            tensors[name + SCALE_SUFFIX] = sc.detach().to("cpu", torch.float32).contiguous()
     meta = {
         "format": FORMAT,
         "rid": rid,
@@ -102,6 +113,7 @@ _SAFETENSORS_DTYPES = {
     "torch.float64": "F64",
     "torch.int64": "I64",
     "torch.int32": "I32",
+    "torch.float8_e4m3fn": "F8_E4M3",
 }
 
 

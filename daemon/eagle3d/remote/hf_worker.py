@@ -31,6 +31,7 @@ from eagle3d.remote import faults, storedtype
 from eagle3d.remote import hf_protocol as pr
 from eagle3d.remote.dumpfile import default_aux_layers
 from eagle3d.remote.hf_batching import batch_budget, next_batch, tune_malloc
+from eagle3d.remote.hostcopy import HostCopy
 from eagle3d.remote.threadnames import name_threads
 
 _out_lock = threading.Lock()
@@ -129,7 +130,9 @@ class Worker:
         # Guards ``pending`` and ``closed``; the main loop waits on it for requests.
         self.cond = threading.Condition()
         self.closed = False  # stdin closed or "stop": finish the running batch and exit
-        self.writes: queue.Queue[tuple[Any, Any, Any, Any] | None] = queue.Queue(maxsize=256)
+        self.writes: queue.Queue[tuple[Any, ...] | None] = queue.Queue(maxsize=256)
+        self.host = HostCopy(self.device)
+        self.stored_dtype = getattr(torch, self.store.torch_dtype) if self.store else None
         self.batches = 0
         self.dumps = 0
         send(
@@ -185,15 +188,19 @@ class Worker:
             if item[0] is _WRITTEN:  # the batch's dumps are all out: say so, once per batch
                 send(pr.Written(item[1]))
                 continue
-            rid, ids, aux, hid = item
-            if self.store is not None:
-                aux, hid = storedtype.cast(aux, self.store), storedtype.cast(hid, self.store)
+            rid, ids, aux, hid, scales, pending = item
+            pending.wait()  # the batch's copy to the host (at once on a CPU device)
+            if self.store is not None and scales is None and aux.dtype != self.stored_dtype:
+                (aux, aux_s), (hid, hid_s) = (
+                    storedtype.to_stored(x, self.store) for x in (aux, hid)
+                )
+                scales = None if aux_s is None or hid_s is None else (aux_s, hid_s)
             self.dumps += 1
             fault = faults.hit("bad_dump")
             if fault is not None:
                 ids, aux, hid = self._corrupt(fault.arg, ids, aux, hid)
             try:
-                path = self._write(dump, rid, ids, aux, hid)
+                path = self._write(dump, rid, ids, aux, hid, scales)
             except OSError as e:
                 # A full or vanished dump area must not kill this thread: the worker would
                 # go on computing batches nobody receives until its queue blocked it.
@@ -210,13 +217,13 @@ class Worker:
             elif fault is not None and fault.arg == "vanish":
                 os.unlink(path)
 
-    def _write(self, dump: Any, rid: str, ids: Any, aux: Any, hid: Any) -> str:
+    def _write(self, dump: Any, rid: str, ids: Any, aux: Any, hid: Any, scales: Any) -> str:
         try:
-            return str(dump.write_dump(self.dump_dir, rid, ids, aux, hid, self.layers))
+            return str(dump.write_dump(self.dump_dir, rid, ids, aux, hid, self.layers, scales))
         except FileNotFoundError:
             # The dump area was removed under us (a /dev/shm cleanup): make it again, once.
             os.makedirs(self.dump_dir, exist_ok=True)
-            return str(dump.write_dump(self.dump_dir, rid, ids, aux, hid, self.layers))
+            return str(dump.write_dump(self.dump_dir, rid, ids, aux, hid, self.layers, scales))
 
     def _corrupt(self, how: str, ids: Any, aux: Any, hid: Any) -> tuple[Any, Any, Any]:
         if how == "ids":
@@ -283,6 +290,7 @@ class Worker:
         for i, s in enumerate(seqs):
             ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
             mask[i, : len(s)] = 1
+        ids_host = ids
         ids = ids.to(self.device)
         mask = mask.to(self.device)
         with torch.inference_mode():
@@ -290,15 +298,18 @@ class Worker:
         final = out.last_hidden_state
         aux = torch.cat([self.capture.states[i] for i in self.layers], dim=-1)
         self.capture.states.clear()
+        parts = [final, aux]
         if self.store is not None and final.device.type != "cpu":
-            final, aux = storedtype.cast(final, self.store), storedtype.cast(aux, self.store)
-        final_cpu = final.to("cpu")
-        aux_cpu = aux.to("cpu")
-        ids_cpu = ids.to("cpu")
+            # In the stored format on the device: the daemon only moves the bytes.
+            (final, hid_s), (aux, aux_s) = (storedtype.to_stored(x, self.store) for x in parts)
+            parts = [final, aux, *(x for x in (hid_s, aux_s) if x is not None)]
+        pending = self.host.start(parts)  # queued behind the forward; the writer waits
+        final_cpu, aux_cpu, *scale_cpu = pending.tensors
         for i, (rid, s) in enumerate(zip(rids, seqs, strict=True)):
             n = len(s)  # cut to the real length: padding is never stored
-            self.writes.put((rid, ids_cpu[i, :n], aux_cpu[i, :n], final_cpu[i, :n]))
-        self.writes.put((_WRITTEN, rids, None, None))
+            sc = (scale_cpu[1][i, :n], scale_cpu[0][i, :n]) if scale_cpu else None
+            self.writes.put((rid, ids_host[i, :n], aux_cpu[i, :n], final_cpu[i, :n], sc, pending))
+        self.writes.put((_WRITTEN, rids, None, None, None, None))
         self.batches += 1
         send(
             pr.Done(rids, sum(len(s) for s in seqs), len(seqs) * longest, time.perf_counter() - t0)

@@ -19,10 +19,12 @@ A value names a *storage format*, not only a dtype: :data:`FORMATS` maps each na
 the files hold. The resolved name is what the job's fingerprint, the journal's
 ``run_started`` record (``job.store_dtype``) and ``verify`` carry.
 
-The producers cast where the states are made (on the GPU before the device-to-host copy,
-or in the CPU worker's dump writer) to the format's *dump dtype*: the stored dtype itself,
-or bfloat16 for fp8, whose quantization runs in the commit (fused into its read of the
-dump, :mod:`eagle3d.store.splice`). The commit casts (or quantizes) whatever arrives in another
+The producers put the states in the stored format where they are made (:func:`to_stored`:
+on the GPU before the device-to-host copy, or in the CPU worker's dump writer): cast to
+the stored dtype, or for fp8 quantized with their scales, so that the daemon only moves
+bytes (a dump in the stored format is committed as it is). A dump in the format's *dump
+dtype* (bfloat16 for fp8: an SGLang server's) is quantized by the commit, fused into its
+read of the dump (:mod:`eagle3d.store.splice`). The commit casts (or quantizes) whatever arrives in another
 float dtype (an SGLang server started without the setting), so the files are in the job's
 format whichever producer wrote the dumps. Pure Python: torch is imported only by
 :func:`cast`.
@@ -115,7 +117,41 @@ def resolve(value: str, config: dict[str, Any]) -> StoreFormat:
 def cast(t: torch.Tensor, fmt: StoreFormat) -> torch.Tensor:
     """``t`` in the format's dump dtype (``t`` itself when it already is): one pass,
     rounding to nearest even, wherever ``t`` lives. For the unscaled formats that is the
-    stored dtype; fp8's quantization is the commit's (:func:`eagle3d.store.fp8.quantize`)."""
+    stored dtype; fp8's quantization is :func:`to_stored`'s (or the commit's)."""
     import torch
 
     return t.to(getattr(torch, fmt.dump_dtype))
+
+
+#: e4m3's largest finite value: a row's largest magnitude maps onto it.
+FP8_MAX = 448.0
+
+
+def to_stored(t: torch.Tensor, fmt: StoreFormat) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``t`` (``[..., D]``) exactly as a sample file of format ``fmt`` stores it, wherever
+    ``t`` lives (on the GPU before the copy to the host, so that the daemon only moves
+    bytes): (values, None) for the unscaled formats (:func:`cast`), (e4m3 values, float32
+    scales ``[..., 1]``) for fp8, one scale per row: the bytes the commit's own
+    quantization makes (:func:`eagle3d.store.fp8.quantize`, which is this function)."""
+    if not fmt.scaled:
+        return cast(t, fmt), None
+    return quantize(t, 1)
+
+
+def quantize(x: torch.Tensor, groups: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` (``[..., D]``, any float dtype, any device) as (e4m3 values ``[..., D]``,
+    float32 scales ``[..., groups]``): ``s = amax / 448`` per part (1 for an all-zero one),
+    ``q = x / s`` rounded to nearest. ``D`` must be a multiple of ``groups``. A NaN or an Inf
+    in a part makes its scale NaN or infinite (the commit's finite check sees it)."""
+    import torch
+
+    *lead, d = x.shape
+    if groups < 1 or d % groups:
+        raise ValueError(f"last dimension {d} is not divisible into {groups} group(s)")
+    xf = x.reshape(*lead, groups, d // groups).to(torch.float32, copy=True)
+    # Two reductions (max, min) instead of abs().amax(): no temporary of the input's size.
+    amax = torch.maximum(xf.amax(-1), xf.amin(-1).neg_())
+    scale = amax.div_(FP8_MAX)
+    scale = scale.masked_fill_(scale == 0, 1.0)
+    xf.div_(scale.unsqueeze(-1))
+    return xf.to(torch.float8_e4m3fn).reshape(*lead, d), scale

@@ -177,7 +177,12 @@ def assemble(
     pipeline.equip(Work(producer, commits, feeder, last_reading, facts.pin))
     for path in watcher.scan() + watcher.stale_temp_files():
         pipeline.orphan(path, "left by an earlier run")
-    log.info("committing to %s with %d threads", where.output, threads)
+    log.info(
+        "committing to %s with %d threads (%s)",
+        where.output,
+        threads,
+        "as set" if cfg.commit_threads else "one per CPU, 2 to 8: each waits on its syncs",
+    )
     return ticker
 
 

@@ -8,9 +8,11 @@ the pieces of the pipeline (:mod:`eagle3d.run.assemble`), and the feeder tokeniz
 producer is up the pipeline runs (:mod:`eagle3d.run.pipeline` around the
 :class:`~eagle3d.core.ledger.Ledger`) with the 1 s :mod:`ticker <eagle3d.run.ticker>`, until
 the ledger says it is done. Nothing is sent before the space check passed and the producer is
-up; the producer's own reports reach the journal after ``run_started``. Stop, in this order: the progress
-line, the producer (its workers finish what they hold), the dump watcher, the feeder, the
-commit threads (what runs is finished), the journal, the socket, the lock.
+up; the producer's own reports reach the journal after ``run_started``. Stop, in this order
+(the reverse of the opening, the producer's stop pushed again once the pieces exist so that
+it comes before them): the tick and the progress line, the producer (its workers finish
+what they hold), the dump watcher, the feeder, the commit threads (what runs is finished),
+the reaper, the socket, the run's own dump folder, the journal, the lock.
 
 Every outside event reaches the loop thread through one :class:`~eagle3d.run.inbox.Inbox`,
 signals included (SIGTERM and SIGINT stop, SIGHUP probes a paused area now), and goes to the
@@ -148,7 +150,7 @@ class Daemon:
         cfg = self.cfg
         preflight.check_model(cfg.model)
         preflight.check_dataset(cfg.dataset)
-        layout.check(self.output, self.shard)  # before anything is written
+        layout.check(self.output, self.shard, fold=False)  # before anything is written
         preflight.check_output(self.output)
         with preflight.layout_lock(self.output):
             # Again under the lock (a daemon of another layout may have won), and this

@@ -18,7 +18,7 @@ from eagle3d.core.sample import FAILED, PENDING, SAVED
 from eagle3d.remote import storedtype
 from eagle3d.run import job
 from eagle3d.run.planreport import PlanReport, ShardPlan
-from eagle3d.store import catalog, sizing
+from eagle3d.store import catalog, pace, sizing
 
 log = logging.getLogger("eagle3d")
 
@@ -215,7 +215,22 @@ def plan_report(
         bytes_per_token=per_token,
         problems=problems,
         max_failed_fraction=cfg.max_failed_fraction,
+        commit=pace.estimate(
+            _cpus(),
+            cfg.commit_thread_count(_cpus()),
+            per_token,
+            fp8=storedtype.get(facts.job.store_dtype).scaled,
+            quantized_by_commit=cfg.backend == "sglang" and facts.job.store_dtype == "fp8",
+        ),
     )
+
+
+def _cpus() -> int:
+    """The CPUs this process may run on (a cgroup's or Slurm's cut, not the machine's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
 
 
 __all__ = ["PlanReport", "ShardPlan", "check_run", "estimate", "plan_report"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from eagle3proto import events as ev
 from eagle3proto.paths import Shard
@@ -17,6 +17,10 @@ from eagle3d import __version__, config
 from eagle3d.exitcodes import EXIT_CONFIG, EXIT_FINGERPRINT, Fatal
 from eagle3d.remote import recipes, storedtype
 from eagle3d.run import capture
+
+if TYPE_CHECKING:
+    from eagle3d.ingest.dataformats import Format
+    from eagle3d.ingest.pin import Pin
 
 #: JobInfo fields shown when a fingerprint differs (the fingerprint also covers the model).
 COMPARED = (
@@ -40,8 +44,8 @@ class JobFacts:
     hidden_size: int
     layers: list[int]
     blank: list[int]  # ids of this shard's blank lines: skipped
-    fmt: Any = None  # the dataset's dataformats.Format
-    pin: Any = None  # the dataset as found at the start (ingest.pin.Pin)
+    fmt: Format  # the dataset's format
+    pin: Pin | None = None  # the dataset as found at the start
     capture: dict[str, Any] | None = None  # the capture contract (eagle3d.run.capture)
     inherited: int = 0  # rows of this shard another layout's journal settled: not in total
 

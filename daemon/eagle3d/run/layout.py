@@ -28,9 +28,9 @@ def _owner(lock: str) -> str:
         return ""
 
 
-def survey(output: str, shard: Shard) -> list[OtherJournal]:
-    """Every journal of another shard count under ``output``: its lock, and (when no lock
-    is held: a live daemon refuses the start anyway) its records folded."""
+def survey(output: str, shard: Shard, fold: bool = True) -> list[OtherJournal]:
+    """Every journal of another shard count under ``output``: its lock, and (``fold``, when
+    no lock is held: a live daemon refuses the start anyway) its records folded."""
     others, dirs = [], []
     for s, jdir in paths.shard_dirs(output):
         if s.count == shard.count:
@@ -41,16 +41,17 @@ def survey(output: str, shard: Shard) -> list[OtherJournal]:
             o.owner = _owner(lock)
         others.append(o)
         dirs.append(jdir)
-    if any(o.locked for o in others):
+    if not fold or any(o.locked for o in others):
         return others
     for o, jdir in zip(others, dirs, strict=True):
         replay(jdir, o.sink)
     return others
 
 
-def check(output: str, shard: Shard) -> list[OtherJournal]:
-    """:func:`survey`, refused with exit 7 when a daemon of another layout may still write."""
-    others = survey(output, shard)
+def check(output: str, shard: Shard, fold: bool = True) -> list[OtherJournal]:
+    """:func:`survey`, refused with exit 7 when a daemon of another layout may still write
+    (without ``fold``, only a live one: the cheap look before anything is written)."""
+    others = survey(output, shard, fold)
     why = refusal(shard, others)
     if why:
         raise Fatal(EXIT_LAYOUT, f"output {output}: {why}")

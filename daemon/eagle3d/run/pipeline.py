@@ -114,7 +114,8 @@ class Pipeline:
 
     def dispatch(self, msg: InboxMsg, now: float) -> None:
         """One message of the inbox (every kind is handled here, or mypy says which is not)."""
-        if self.ledger.running and now - self._dump_read > DUMP_FREE_MAX_AGE_S:
+        stale = now - self._dump_read > DUMP_FREE_MAX_AGE_S
+        if stale and self.ledger.running and not isinstance(msg, ev.Event):
             self.read_dump_area(now)
         match msg:
             case ev.Event():

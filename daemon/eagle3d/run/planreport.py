@@ -10,7 +10,7 @@ from typing import Any
 from eagle3proto.paths import Shard
 
 from eagle3d.exitcodes import EXIT_OK, EXIT_SPACE
-from eagle3d.store import sizing
+from eagle3d.store import pace, sizing
 
 
 @dataclass(slots=True)
@@ -51,6 +51,7 @@ class PlanReport:
     reserve: int
     bytes_per_token: float  # of the files, at this job's token counts
     problems: list[str] = field(default_factory=list)
+    commit: pace.CommitPace | None = None  # the commit rate this machine's CPUs can hold
     max_failed_fraction: float = 0.05  # the run's failure rule (exit 9 above it)
 
     def _sum(self, key: str) -> int:
@@ -144,6 +145,8 @@ class PlanReport:
             "rows_skipped": self._sum("skipped"),
             "tokens_dropped": self._sum("dropped"),
             "problems": [*self.row_problems(), *self.problems],
+            "commit_bytes_per_s": round(self.commit.bytes_per_s) if self.commit else None,
+            "commit_tokens_per_s": round(self.commit.tokens_per_s) if self.commit else None,
         }
 
     def __str__(self) -> str:
@@ -185,6 +188,8 @@ class PlanReport:
         what = self.scope.name if self.scope is not None else "the job"
         pm = f" ± {z(self.bound)}" if self.bound else ""
         lines.append(f"  {what} writes {z(self.bytes)}{pm}; reserve {z(self.reserve)}")
+        if self.commit is not None:
+            lines.append(f"  {self.commit.describe()}")
         over, dropped = self._sum("over"), self._sum("dropped")
         if over:
             cut = "skipped (too_long)" if self._sum("skipped") else "truncated"

@@ -319,6 +319,13 @@ class Committer:
         """The dump with its states in the storage format (the same object if they are).
         fp8 states stay as dumped: they are quantized from them when the archive is built
         (as the splice does), and a scaled format cannot overflow."""
+        if dump.scales and (self.store is None or not self.store.scaled):
+            # fp8 states dumped for another job's format: their values, in bfloat16 first
+            for name in ("aux_hidden_state", "hidden_state"):
+                scale = dump.scales.get(name + fp8.SCALE_SUFFIX)
+                if scale is not None:
+                    setattr(dump, name, fp8.dequantize(getattr(dump, name), scale))
+            dump.scales = {}
         if self.store is None or self.store.scaled:
             return dump
         aux = dump.aux_hidden_state
@@ -346,7 +353,11 @@ class Committer:
             "aux_hidden_state": dump.aux_hidden_state.contiguous().unsqueeze(0),
         }
         if self.store is not None and self.store.scaled:
-            payload.update(fp8.quantized_states(payload))
+            if len(dump.scales) == 2:  # already in the stored format: as it is
+                for name in fp8.STATES:
+                    payload[name + fp8.SCALE_SUFFIX] = dump.scales[name + fp8.SCALE_SUFFIX][None]
+            else:
+                payload.update(fp8.quantized_states(payload))
         fits = self.writer == "archive" and ckpt.fits(payload)
 
         def write(fd: int, direct: bool) -> tuple[int, str]:

@@ -33,11 +33,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from eagle3d.remote import storedtype
+
 if TYPE_CHECKING:
     import torch
 
 #: e4m3's largest finite value: a part's largest magnitude maps onto it.
-FP8_MAX = 448.0
+FP8_MAX = storedtype.FP8_MAX
 #: The stored value dtype and the scale dtype.
 VALUE_DTYPE = "float8_e4m3fn"
 SCALE_DTYPE = "float32"
@@ -47,17 +49,10 @@ SCALE_SUFFIX = "_scale"
 
 def quantize(x: torch.Tensor, groups: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """``x`` (``[..., D]``, any float dtype) as (e4m3 values ``[..., D]``, float32 scales
-    ``[..., groups]``). ``D`` must be a multiple of ``groups``."""
-    import torch
-
-    *lead, d = x.shape
-    if groups < 1 or d % groups:
-        raise ValueError(f"last dimension {d} is not divisible into {groups} group(s)")
-    xf = x.reshape(*lead, groups, d // groups).to(torch.float32, copy=True)
-    scale = _scales(xf)
-    xf.div_(scale.unsqueeze(-1))
-    q = xf.to(torch.float8_e4m3fn).reshape(*lead, d)
-    return q, scale
+    ``[..., groups]``). ``D`` must be a multiple of ``groups``. The producers' own
+    (:func:`eagle3d.remote.storedtype.quantize`, which runs on the device too): one
+    algorithm, the same bytes wherever it runs."""
+    return storedtype.quantize(x, groups)
 
 
 def dequantize(

@@ -47,6 +47,30 @@ from eagle3d.store.directio import DirectBuffer
 # safetensors dtype -> torch dtype name, for the states (the ids are I64).
 _STATES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
 _NAMES = {"input_ids", "aux_hidden_state", "hidden_state"}
+_SCALED_NAMES = _NAMES | {"aux_hidden_state" + SCALE_SUFFIX, "hidden_state" + SCALE_SUFFIX}
+
+
+class Seam:
+    """What the fast path did to each state tensor (two per dump) of the dumps it staged,
+    by kind: ``as_is`` (already in the stored format: bytes moved, nothing converted),
+    ``cast`` (cast to the stored dtype), ``quantized`` (quantized to fp8 here). Counted so
+    that a test (and a benchmark) can tell that a dump in the stored format is never
+    converted twice; thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.counts: dict[str, int] = {}
+
+    def add(self, kind: str, n: int = 1) -> None:
+        with self._lock:
+            self.counts[kind] = self.counts.get(kind, 0) + n
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.counts)
+
+
+SEAM = Seam()
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +104,11 @@ def stage(
         raise vanished(path) from e
     try:
         h = read_header(fd)
-        if h.meta.get("format") != FORMAT or set(h.tensors) != _NAMES:
+        if h.meta.get("format") != FORMAT:
+            return None
+        if set(h.tensors) == _SCALED_NAMES and store is not None and store.scaled:
+            return _stage_as_is(fd, h, sent_ids, loss_mask, hidden_size, len(layers), buf, limit)
+        if set(h.tensors) != _NAMES:
             return None
         if h.meta.get("layers") and h.meta["layers"] != ",".join(map(str, layers)):
             return None
@@ -107,15 +135,12 @@ def stage(
             return None
         view = buf.view(plan.total)
         ckpt.fill(plan, view)
-        (ids_at, n_ids), (mask_at, _), (hid_at, n_hid), (aux_at, n_aux) = plan.slots
-        *_, begin, end = ids
-        if end - begin != n_ids or os.preadv(fd, [view[ids_at : ids_at + n_ids]], begin) != n_ids:
+        _, _, (hid_at, n_hid), (aux_at, n_aux) = plan.slots
+        if not _put_ids(fd, view, plan.slots, ids, sent_ids, loss_mask):
             return None
-        if bytes(view[ids_at : ids_at + n_ids]) != array("q", sent_ids).tobytes():
-            return None
-        view[mask_at : mask_at + 8 * t] = memoryview(array("q", loss_mask)).cast("B")
         crcs: dict[int, int] = {}
         for (src, *_, begin, end), at, n in ((hid, hid_at, n_hid), (aux, aux_at, n_aux)):
+            SEAM.add("as_is" if src == code else "cast")
             if src == code:
                 crc = _read_checked(fd, begin, end, view[at : at + n], code)
                 if crc is None:
@@ -143,6 +168,7 @@ def _stage_scaled(
     limit: int,
 ) -> Staged | None:
     """:func:`stage` for the fp8 format: the states quantized within the read."""
+    SEAM.add("quantized", 2)
     t = len(sent_ids)
     ids, aux, hid = (h.tensors[k] for k in ("input_ids", "aux_hidden_state", "hidden_state"))
     plan = ckpt.plan(fp8_spec(t, hidden_size, n_layers))
@@ -167,6 +193,81 @@ def _stage_scaled(
         if not finite(view[s_at : s_at + s_n], "F32"):
             return None
     return Staged(view, ckpt.seal(plan, view))
+
+
+def _stage_as_is(
+    fd: int,
+    h: Any,
+    sent_ids: list[int],
+    loss_mask: list[int],
+    hidden_size: int,
+    n_layers: int,
+    buf: DirectBuffer,
+    limit: int,
+) -> Staged | None:
+    """:func:`stage` for a dump already in the fp8 format (e4m3 states and their float32
+    scales, :func:`eagle3d.remote.storedtype.to_stored`): every tensor read once into its
+    slot, checked (no NaN among the values, every scale positive and finite) and
+    checksummed there, nothing converted."""
+    t = len(sent_ids)
+    names = ("input_ids", "hidden_state", "aux_hidden_state")
+    ids, hid, aux = (h.tensors[k] for k in names)
+    hs, as_ = (h.tensors[k + SCALE_SUFFIX] for k in ("hidden_state", "aux_hidden_state"))
+    if ids[:2] != ("I64", (t,)) or hid[0] != "F8_E4M3" or aux[0] != "F8_E4M3":
+        return None
+    if hid[1] != (t, hidden_size) or aux[1] != (t, n_layers * hidden_size):
+        return None
+    if hs[:2] != ("F32", (t, 1)) or as_[:2] != ("F32", (t, 1)):
+        return None
+    plan = ckpt.plan(fp8_spec(t, hidden_size, n_layers))
+    if plan.total > limit or len(loss_mask) != t:
+        return None
+    view = buf.view(plan.total)
+    ckpt.fill(plan, view)
+    _, _, *states = plan.slots
+    if not _put_ids(fd, view, plan.slots, ids, sent_ids, loss_mask):
+        return None
+    crcs: dict[int, int] = {}
+    for (*_, begin, end), (at, n), code in zip(
+        (hid, aux, hs, as_), states, ("F8_E4M3", "F8_E4M3", "F32", "F32"), strict=True
+    ):
+        crc = _read_checked(fd, begin, end, view[at : at + n], code)
+        if crc is None:
+            return None
+        crcs[at] = crc
+    for at, n in states[2:]:
+        if not _positive(view[at : at + n]):
+            return None
+    SEAM.add("as_is", 2)
+    return Staged(view, ckpt.seal(plan, view, crcs))
+
+
+def _put_ids(
+    fd: int,
+    view: memoryview,
+    slots: tuple[tuple[int, int], ...],
+    ids: Any,
+    sent_ids: list[int],
+    loss_mask: list[int],
+) -> bool:
+    """Read the dump's ids (header entry ``ids``) into their slot and the loss mask into
+    its own; False on a short read or ids that differ from what was sent."""
+    (ids_at, n_ids), (mask_at, _) = slots[:2]
+    *_, begin, end = ids
+    if end - begin != n_ids or os.preadv(fd, [view[ids_at : ids_at + n_ids]], begin) != n_ids:
+        return False
+    if bytes(view[ids_at : ids_at + n_ids]) != array("q", sent_ids).tobytes():
+        return False
+    view[mask_at : mask_at + 8 * len(sent_ids)] = memoryview(array("q", loss_mask)).cast("B")
+    return True
+
+
+def _positive(raw: Any) -> bool:
+    """True when every float32 in ``raw`` is above zero (finite is checked already)."""
+    import numpy as np
+
+    a = np.frombuffer(raw, np.float32)
+    return bool(a.size == 0 or a.min() > 0)
 
 
 def fp8_spec(
@@ -287,6 +388,8 @@ def finite(raw: Any, dtype: str) -> bool:
 
     from eagle3d.store.validate import finite_bits
 
+    if dtype == "F8_E4M3":  # no Inf in e4m3fn; NaN is 0x7F or 0xFF
+        return finite_bits(np.frombuffer(raw, np.int8), 0x7F)
     if dtype == "F32":
         # A NaN or an Inf makes the sum NaN or infinite whatever the order of additions: a
         # finite sum proves every element finite (an overflowing one is decided below).

@@ -41,6 +41,17 @@ def validate(dump: Dump, sent_ids: list[int], hidden_size: int, layers: list[int
             raise BadDump(f"{name} has dtype {x.dtype}, want a float type")
         if not all_finite(x):
             raise BadDump(f"{name} contains NaN or Inf")
+        scale = dump.scales.get(name + "_scale")
+        if x.dtype == torch.float8_e4m3fn and scale is None:
+            raise BadDump(f"{name} is float8_e4m3fn without its {name}_scale")
+        if scale is not None:
+            if x.dtype != torch.float8_e4m3fn:
+                raise BadDump(f"{name}_scale beside {name} of dtype {x.dtype}, want fp8")
+            if scale.dtype != torch.float32 or tuple(scale.shape) != (t, 1):
+                got = f"{str(scale.dtype).removeprefix('torch.')} {tuple(scale.shape)}"
+                raise BadDump(f"{name}_scale is {got}, want float32 {(t, 1)}")
+            if not bool(torch.isfinite(scale).all()) or not bool((scale > 0).all()):
+                raise BadDump(f"{name}_scale holds a scale that is not positive and finite")
 
 
 # (integer view, exponent mask): a float is NaN/Inf exactly when all its exponent bits are set.
@@ -48,6 +59,7 @@ _EXPONENT = {
     "bfloat16": ("int16", 0x7F80),
     "float16": ("int16", 0x7C00),
     "float32": ("int32", 0x7F800000),
+    "float8_e4m3fn": ("int8", 0x7F),  # no Inf; NaN is 0x7F or 0xFF
 }
 
 

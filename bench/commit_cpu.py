@@ -1,0 +1,384 @@
+"""The daemon's CPU per committed byte against the floor for those bytes, in the same run.
+
+On a GPU node the server writes its dumps on cores of its own, and what the daemon spends
+per byte is multiplied by ~1 GB/s per GPU (issue #32). This measures that cost alone:
+
+* **the daemon**: ``eagle3d run --backend synthetic`` with ``EAGLE3D_SYNTHETIC_LINK=1``
+  (every dump after a conversation's first is a hard link: the producer costs the daemon
+  nothing), an h2048 model config (``--layers`` decoder layers, 3 captured), ``--samples``
+  samples of ``--convs`` distinct conversations repeated, the output on ``--dir``'s disk,
+  the dumps in /dev/shm; its CPU (user + system, every thread) from ``getrusage``;
+* **its fixed start**: the same job on a one-sample dataset (imports, tokenizer, journal,
+  zygote where there is one, the stop): what a resume pays again;
+* **the floor**: one ``memcpy`` of the committed bytes (numpy, in this process: the read of
+  a dump the daemon cannot avoid) plus ``dd if=/dev/zero bs=16M oflag=direct conv=fsync``
+  writing them to the same disk (``dd``'s user + system CPU).
+
+It prints, per storage format, the daemon's CPU over the floor's with the start included
+and without (the whole run less the one-sample run), and the CPU by thread (the kernel's
+per-thread counters, read until the threads end: commit threads, reaper, journal flush,
+loop, feeder). ``--strace`` runs the daemon once more under ``strace -f -c`` for its syscall
+counts (slower: not part of the ratio); ``--py-spy`` records a flame table of the commit
+threads with py-spy where it is installed.
+
+    flock /tmp/eagle3d-bench.lock .venv/bin/python bench/commit_cpu.py [--formats bfloat16,fp8]
+
+The samples total ``samples * tokens * 4 * hidden * bytes``: 600 x 400 tokens at h2048 bf16
+is 3.9 GB, fp8 half that; everything written is removed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = {
+    **os.environ,
+    "HF_HUB_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "EAGLE3D_SYNTHETIC_LINK": "1",
+}
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def model_dir(base: Path, hidden: int, layers: int) -> Path:
+    """A config-only model of this shape with the tiny model's tokenizer (the synthetic
+    producer reads only the config and the tokenizer)."""
+    from eagle3d.tools.tinymodel import build_tiny_model
+
+    tiny = base / "tiny"
+    if not (tiny / "config.json").exists():
+        build_tiny_model(str(tiny), layers=4, hidden=64, heads=4, kv_heads=2)
+    m = base / f"config-h{hidden}-L{layers}"
+    m.mkdir(exist_ok=True)
+    for f in tiny.iterdir():
+        if f.name.startswith(("tokenizer", "chat_template", "special_tokens")):
+            shutil.copy(f, m / f.name)
+    cfg = json.loads((tiny / "config.json").read_text())
+    cfg.update(hidden_size=hidden, num_hidden_layers=layers, dtype="bfloat16")
+    (m / "config.json").write_text(json.dumps(cfg))
+    return m
+
+
+def dataset(path: Path, samples: int, convs: int, tokens: int) -> Path:
+    """``samples`` pretokenized rows: ``convs`` distinct ones of about ``tokens`` tokens
+    (+-25 %), repeated in turn."""
+    rnd = random.Random(7)
+    rows = []
+    for _ in range(convs):
+        n = rnd.randrange(tokens * 3 // 4, tokens * 5 // 4 + 1)
+        ids = [rnd.randrange(7, 500) for _ in range(n)]
+        rows.append(json.dumps({"input_ids": ids, "loss_mask": [i % 2 for i in range(n)]}))
+    path.write_text("".join(rows[i % convs] + "\n" for i in range(samples)))
+    return path
+
+
+class ThreadCpu:
+    """The CPU seconds of each thread of a process by its kernel name, read every
+    ``period`` s until :meth:`stop` (a thread's last reading stands once it ends)."""
+
+    def __init__(self, pid: int, period: float = 0.1) -> None:
+        self.pid = pid
+        self.last: dict[int, tuple[str, float]] = {}
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, args=(period,), daemon=True)
+        self._t.start()
+
+    def _run(self, period: float) -> None:
+        while not self._stop.wait(period):
+            self.read()
+
+    def read(self) -> None:
+        task = f"/proc/{self.pid}/task"
+        try:
+            tids = os.listdir(task)
+        except OSError:
+            return
+        for tid in tids:
+            try:
+                stat = Path(f"{task}/{tid}/stat").read_text()
+            except OSError:
+                continue
+            name = stat[stat.index("(") + 1 : stat.rindex(")")]
+            fields = stat[stat.rindex(")") + 2 :].split()
+            cpu = (int(fields[11]) + int(fields[12])) / TICKS
+            self.last[int(tid)] = (name, cpu)
+
+    def stop(self) -> dict[str, float]:
+        self._stop.set()
+        self._t.join()
+        by: dict[str, float] = {}
+        for name, cpu in self.last.values():
+            key = name.rstrip("0123456789_-") or name
+            by[key] = by.get(key, 0.0) + cpu
+        return by
+
+
+def run_daemon(
+    model: Path,
+    data: Path,
+    out: Path,
+    dumps: str,
+    fmt: str,
+    threads: int,
+    wrap: list[str] | None = None,
+    extra: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """One ``eagle3d run``; its CPU, its CPU by thread, what it committed."""
+    for stale in (out, Path(dumps)):
+        shutil.rmtree(stale, ignore_errors=True)
+    os.sync()
+    cmd = [
+        *(wrap or []),
+        sys.executable,
+        "-m",
+        "eagle3d",
+        "run",
+        "--model",
+        str(model),
+        "--dataset",
+        str(data),
+        "--output",
+        str(out),
+        "--dump-dir",
+        dumps,
+        "--socket",
+        str(out) + ".sock",
+        "--backend",
+        "synthetic",
+        "--store-dtype",
+        fmt,
+        "--commit-threads",
+        str(threads),
+        *extra,
+    ]
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    threads_cpu = ThreadCpu(proc.pid) if wrap is None else None
+    _, err = proc.communicate()
+    wall = time.monotonic() - t0
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    by_thread = threads_cpu.stop() if threads_cpu is not None else {}
+    if proc.returncode != 0:
+        raise RuntimeError(f"eagle3d run failed ({proc.returncode}): {err.decode()[-3000:]}")
+    nbytes = samples = 0
+    for root, _dirs, files in os.walk(out):
+        for f in files:
+            if f.startswith("data_") and f.endswith(".ckpt"):
+                nbytes += os.path.getsize(os.path.join(root, f))
+                samples += 1
+    cpu = ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime
+    return {
+        "cpu": cpu,
+        "user": ru1.ru_utime - ru0.ru_utime,
+        "sys": ru1.ru_stime - ru0.ru_stime,
+        "wall": wall,
+        "bytes": nbytes,
+        "samples": samples,
+        "threads": by_thread,
+        "stderr": err.decode(),
+    }
+
+
+def memcpy_cpu(nbytes: int, chunk: int = 64 << 20) -> float:
+    """CPU seconds of copying ``nbytes`` once, ``chunk`` at a time (warm buffers)."""
+    import numpy as np
+
+    src = np.ones(chunk, dtype=np.uint8)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)  # pages faulted in before the clock
+    c = time.process_time()
+    left = nbytes
+    while left > 0:
+        n = min(left, chunk)
+        np.copyto(dst[:n], src[:n])
+        left -= n
+    return time.process_time() - c
+
+
+def dd_cpu(base: Path, nbytes: int) -> tuple[float, float]:
+    """(CPU seconds, wall seconds) of ``dd oflag=direct conv=fsync`` writing ``nbytes``."""
+    target = base / "dd.bin"
+    count = max(1, -(-nbytes // (16 << 20)))
+    os.sync()
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.monotonic()
+    cmd = ["dd", "if=/dev/zero", f"of={target}", "bs=16M", f"count={count}"]
+    subprocess.run(
+        [*cmd, "oflag=direct", "conv=fsync"],
+        check=True,
+        capture_output=True,
+    )
+    wall = time.monotonic() - t
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    target.unlink()
+    return ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime, wall
+
+
+def strace_counts(run: Any, base: Path) -> str:
+    """The daemon's syscalls (``strace -f -c``), the top 15 by time."""
+    out = base / "strace.txt"
+    run(["strace", "-f", "-c", "-o", str(out)])
+    lines = out.read_text().splitlines()
+    return "\n".join(lines[:17])
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--dir", default=str(ROOT / "bench"), help="where the output goes (its disk)")
+    p.add_argument("--samples", type=int, default=600)
+    p.add_argument("--convs", type=int, default=10)
+    p.add_argument("--tokens", type=int, default=400)
+    p.add_argument("--hidden", type=int, default=2048)
+    p.add_argument("--layers", type=int, default=24)
+    p.add_argument("--threads", type=int, default=2, help="commit threads")
+    p.add_argument("--formats", default="bfloat16,fp8")
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--strace", action="store_true")
+    p.add_argument("--py-spy", action="store_true")
+    p.add_argument("--json", default="", help="also write the figures here")
+    a = p.parse_args()
+
+    base = Path(tempfile.mkdtemp(prefix="bench-commit-cpu-", dir=a.dir))
+    shm = tempfile.mkdtemp(prefix="bench-commit-cpu-", dir="/dev/shm")
+    results: dict[str, Any] = {}
+    try:
+        model = model_dir(base, a.hidden, a.layers)
+        data = dataset(base / "data.jsonl", a.samples, a.convs, a.tokens)
+        one = dataset(base / "one.jsonl", 1, 1, a.tokens)
+        for r in range(a.rounds):
+            for fmt in a.formats.split(","):
+
+                def run(
+                    wrap: list[str] | None = None,
+                    d: Path = data,
+                    fmt: str = fmt,
+                ) -> dict[str, Any]:
+                    return run_daemon(model, d, base / "out", shm, fmt, a.threads, wrap)
+
+                start = run(d=one)
+                full = run()
+                nbytes = full["bytes"]
+                copy = memcpy_cpu(nbytes)
+                dd, dd_wall = dd_cpu(base, nbytes)
+                floor = copy + dd
+                row = {
+                    "load": os.getloadavg()[0],
+                    "bytes": nbytes,
+                    "samples": full["samples"],
+                    "daemon_cpu": full["cpu"],
+                    "daemon_user": full["user"],
+                    "daemon_sys": full["sys"],
+                    "daemon_wall": full["wall"],
+                    "start_cpu": start["cpu"],
+                    "memcpy_cpu": copy,
+                    "dd_cpu": dd,
+                    "dd_wall": dd_wall,
+                    "floor": floor,
+                    "ratio_with_start": full["cpu"] / floor,
+                    "ratio_without_start": (full["cpu"] - start["cpu"]) / floor,
+                    "cpu_s_per_gb": (full["cpu"] - start["cpu"]) / (nbytes / 1e9),
+                    # The synthetic producer runs in the daemon's process: its own threads
+                    # (writing each conversation's first dump, linking the rest) are the
+                    # benchmark's producer, not the commit path.
+                    "producer_cpu": full["threads"].get("synthetic", 0.0),
+                    "ratio_commit_path": (
+                        full["cpu"] - start["cpu"] - full["threads"].get("synthetic", 0.0)
+                    )
+                    / floor,
+                    "threads": full["threads"],
+                    "start_threads": start["threads"],
+                }
+                if a.strace:
+                    row["strace"] = strace_counts(run, base)
+                if a.py_spy and shutil.which("py-spy"):
+                    svg = base / f"py-spy-{fmt}.txt"
+                    run(["py-spy", "record", "--raw", "-t", "-r", "200", "-o", str(svg), "--"])
+                    row["py_spy"] = top_frames(svg)
+                results.setdefault(fmt, []).append(row)
+                report(fmt, r + 1, row)
+        summary(results)
+        if a.json:
+            Path(a.json).write_text(json.dumps(results, indent=1))
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+        shutil.rmtree(shm, ignore_errors=True)
+    return 0
+
+
+def top_frames(path: Path, n: int = 25) -> str:
+    """py-spy's collapsed stacks (``--raw``), the functions with the most self samples in the
+    commit threads."""
+    self_samples: dict[str, int] = {}
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or "commit" not in stack.split(";")[0]:
+            continue
+        leaf = stack.split(";")[-1]
+        self_samples[leaf] = self_samples.get(leaf, 0) + int(count)
+        total += int(count)
+    top = sorted(self_samples.items(), key=lambda kv: -kv[1])[:n]
+    return "\n".join(f"{c / max(total, 1):6.1%}  {f}" for f, c in top)
+
+
+def report(fmt: str, r: int, row: dict[str, Any]) -> None:
+    gb = row["bytes"] / 1e9
+    print(
+        f"{fmt} round {r} (load {row['load']:.1f}): {row['samples']} samples, {gb:.2f} GB; "
+        f"daemon {row['daemon_cpu']:.2f} CPU-s (user {row['daemon_user']:.2f}, "
+        f"sys {row['daemon_sys']:.2f}, wall {row['daemon_wall']:.1f} s), start "
+        f"{row['start_cpu']:.2f}; floor {row['floor']:.2f} (memcpy {row['memcpy_cpu']:.2f} "
+        f"+ dd {row['dd_cpu']:.2f}, dd wall {row['dd_wall']:.1f} s); "
+        f"ratio {row['ratio_with_start']:.2f} with the start, "
+        f"{row['ratio_without_start']:.2f} without, {row['ratio_commit_path']:.2f} without "
+        f"the producer's threads either ({row['producer_cpu']:.2f}); "
+        f"{row['cpu_s_per_gb']:.2f} CPU-s/GB beyond the start",
+        flush=True,
+    )
+    busy = sorted(row["threads"].items(), key=lambda kv: -kv[1])
+    print("  by thread: " + ", ".join(f"{k} {v:.2f}" for k, v in busy if v >= 0.01), flush=True)
+    start = sorted(row["start_threads"].items(), key=lambda kv: -kv[1])
+    print("  start by thread: " + ", ".join(f"{k} {v:.2f}" for k, v in start if v >= 0.01))
+    for key in ("strace", "py_spy"):
+        if key in row:
+            print(f"  {key}:\n{row[key]}", flush=True)
+
+
+def summary(results: dict[str, list[dict[str, Any]]]) -> None:
+    print(
+        "\n| format | GB | daemon CPU-s | start CPU-s | floor CPU-s (memcpy + dd) | "
+        "ratio, start included | ratio, without the start | ratio, the commit path alone "
+        "(less the start and the producer's threads) | CPU-s/GB beyond the start |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for fmt, rows in results.items():
+
+        def med(k: str, rows: list[dict[str, Any]] = rows) -> float:
+            return statistics.median(x[k] for x in rows)
+
+        print(
+            f"| {fmt} | {med('bytes') / 1e9:.2f} | {med('daemon_cpu'):.2f} | "
+            f"{med('start_cpu'):.2f} | {med('floor'):.2f} ({med('memcpy_cpu'):.2f} + "
+            f"{med('dd_cpu'):.2f}) | **{med('ratio_with_start'):.2f}** | "
+            f"{med('ratio_without_start'):.2f} | {med('ratio_commit_path'):.2f} | "
+            f"{med('cpu_s_per_gb'):.2f} |"
+        )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
