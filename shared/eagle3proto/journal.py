@@ -116,7 +116,7 @@ class JournalWriter:
         Returns what was replayed (the valid events went to ``sink``): with ``start`` (a
         checked checkpoint's position), only the records after it.
         """
-        os.makedirs(self.directory, exist_ok=True)
+        os.makedirs(self.directory, mode=0o750, exist_ok=True)
         for name in os.listdir(self.directory):
             if name.endswith(".tmp"):
                 os.unlink(os.path.join(self.directory, name))

@@ -198,6 +198,7 @@ def _committer(cfg: config.JobConfig, opened: Opened, where: Where) -> Committer
         writer=cfg.writer,
         splice=splice,
         staging=paths.staging_dir(where.output, where.shard),
+        rows=opened.identity.rows,
     )
     committer.warm_up()
     removed = committer.clean_temp_files()  # the staging folder only: no row folder is listed
@@ -222,4 +223,5 @@ def _feeder(
         failed=lambda why, changed: inbox.put(FeedFailed(why, changed)),
         capacity=FEED_AHEAD,
         pin=facts.pin,
+        max_line=cfg.max_line_bytes,
     )
