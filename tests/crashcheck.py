@@ -246,6 +246,12 @@ def check_output(output: str) -> Check:
                 f"sample {idx}: {size} bytes {crc}, record says {rec.get('bytes')} "
                 f"{rec.get('checksum')}"
             )
+    # Sample files are written under a temp name in the shard's staging folder, then
+    # renamed into their row folder (older versions wrote the temp file in the row folder).
+    staging = os.path.join(output, ".eagle3d", "staging")
+    for shard in sorted(os.listdir(staging)) if os.path.isdir(staging) else []:
+        names = os.listdir(os.path.join(staging, shard))
+        c.temp_files += sum(1 for name in names if TEMP_RE.match(name))
     for d in sorted(os.listdir(output)) if os.path.isdir(output) else []:
         if not d.startswith("rows_"):
             continue

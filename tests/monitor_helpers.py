@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 
 from eagle3proto import events as ev
-from eagle3proto import paths
+from eagle3proto import locks, paths
 from eagle3proto.journal import JournalWriter
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -48,8 +48,19 @@ def run_events(
     bytes_each: int = 1000,
     fail_at: float | None = None,
 ) -> list[ev.Event]:
-    """A plausible session: run_started, then saved samples one per ``step`` seconds."""
-    out: list[ev.Event] = [ev.RunStarted(ts=t0, total=total, job=ev.JobInfo(model="m"))]
+    """A plausible session: run_started, then saved samples one per ``step`` seconds. Its
+    daemon is this process (the one :func:`hold_lock` makes hold the shard lock)."""
+    me = os.getpid()
+    out: list[ev.Event] = [
+        ev.RunStarted(
+            ts=t0,
+            total=total,
+            job=ev.JobInfo(model="m"),
+            pid=me,
+            pid_start=locks.start_time(me),
+            boot_id=locks.boot_id(),
+        )
+    ]
     t = t0
     for i in range(saved):
         t += step

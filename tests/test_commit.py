@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 import torch
 from eagle3d.dumps.format import Dump
-from eagle3d.store import committer as commit
 from eagle3d.store.committer import CommitError, Committed, Committer
 from eagle3d.store.crc import file_checksum
 from eagle3d.store.validate import all_finite, finite_bits
@@ -84,13 +83,13 @@ def test_commit_many_syncs_each_row_directory_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     synced: list[str] = []
-    real = commit._fsync_dir
+    real = os.fsync
 
-    def counting(path: str) -> None:
-        synced.append(path)
-        real(path)
+    def counting(fd: int) -> None:  # row folders are synced by descriptor
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
 
-    monkeypatch.setattr(commit, "_fsync_dir", counting)
+    monkeypatch.setattr(os, "fsync", counting)
     c = Committer(str(tmp_path))
     ids = [3, 4, 1999, 2000, 2001]  # two row directories
     samples = [(i, list(range(5 + k)), [1] * (5 + k), _dump(5 + k)) for k, i in enumerate(ids)]
@@ -150,10 +149,10 @@ def test_a_filesystem_refusing_direct_io_at_open_gets_buffered_writes(
 ) -> None:
     real = os.open
 
-    def no_direct(path: str, flags: int, mode: int = 0o777) -> int:
+    def no_direct(path: str, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
         if flags & os.O_DIRECT:
             raise OSError(22, "Invalid argument")  # as an older kernel's tmpfs does
-        return real(path, flags, mode)
+        return real(path, flags, mode, dir_fd=dir_fd)
 
     monkeypatch.setattr(os, "open", no_direct)
     c = Committer(str(tmp_path))

@@ -1,5 +1,6 @@
-"""The daemon's start order (:mod:`eagle3d.run.daemon`): the producer's worker processes are
-started before the space check and before the daemon imports torch, so that on a CPU their
+"""The daemon's start order (:mod:`eagle3d.run.daemon`): every check that can refuse a new
+job first (nothing written before), then the producer's worker processes, started before
+the daemon imports torch, so that on a CPU their
 model load shares the cores with the daemon's own start instead of following it; the journal
 still says ``run_started`` before any word of the producer, and nothing is sent before the
 producer is up."""
@@ -64,13 +65,16 @@ def _run(tiny_model_dir: Path, tmp_path: Path, *extra: str) -> tuple[list[list[o
 @pytest.mark.skipif(
     any(os.path.exists(p) for p in GPU_DEVICE_NODES), reason="a GPU host counts its GPUs with torch"
 )
-def test_the_workers_start_before_the_space_check_and_before_the_daemon_imports_torch(
+def test_a_new_jobs_space_check_comes_first_and_the_workers_before_the_daemon_imports_torch(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
+    """A new job's space check runs before anything is written (a refused start writes
+    nothing; at ``max_length`` it is a statvfs, no tokenizer); the workers start next,
+    before the daemon imports torch."""
     seen, out = _run(tiny_model_dir, tmp_path)
     launches = [s for s in seen if s[0] == "launch"]
     assert launches, seen
-    assert seen.index(["space check", False, False]) == len(launches), seen
+    assert seen[0] == ["space check", False, False] and len(seen) == 1 + len(launches), seen
     assert all(s == ["launch", False, False] for s in launches), seen
     # The journal's story is unchanged: the job, then the load, then the producer's word.
     evs = runkit.events(out)

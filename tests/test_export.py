@@ -49,6 +49,7 @@ def test_specforge_export_of_fp8_files_is_bf16_in_specforges_layout(
     src = stored_outputs["fp8"]
     rc, rep = eagle3d_export(src, tmp_path / "sf", "specforge")
     assert rc == 0 and rep["exported"] == rep["committed"] == 40, rep
+    assert rep["linked"] == 0  # fp8 files are not SpecForge's bytes: written again
     files = sorted((tmp_path / "sf").rglob("*.ckpt"))  # as SpecForge finds them
     assert len(files) == 40
     by_idx = {int(f.stem.removeprefix("data_")): f for f in files}
@@ -58,6 +59,22 @@ def test_specforge_export_of_fp8_files_is_bf16_in_specforges_layout(
         assert d["hidden_state"].dtype == d["aux_hidden_state"].dtype == torch.bfloat16
         for k in d:
             assert torch.equal(d[k], item[k]), k
+
+
+def test_specforge_export_of_bf16_files_links_the_bytes_as_they_are(
+    stored_outputs: Any, tmp_path: Path
+) -> None:
+    src, to = stored_outputs["bfloat16"], tmp_path / "sf"
+    rc, rep = eagle3d_export(src, to, "specforge")
+    assert rc == 0 and rep["exported"] == rep["linked"] == rep["committed"] == 40, rep
+    for e in catalog.read(str(src)).entries:
+        a, b = (src / e.path).stat(), (to / e.path).stat()
+        assert (a.st_ino, a.st_dev) == (b.st_ino, b.st_dev)  # one inode: no bytes copied
+    recs = {d.idx: d for d in manifest(to)}
+    for e in catalog.read(str(src)).entries:
+        assert (recs[e.idx].size, recs[e.idx].checksum) == (e.bytes, e.checksum)
+    rc, rep = eagle3d_export(src, to, "specforge")  # again: nothing to do
+    assert rc == 0 and rep["exported"] == 0 and rep["already"] == 40, rep
 
 
 def test_modelopt_export_is_one_pt_per_conversation_as_its_reader_loads_it(

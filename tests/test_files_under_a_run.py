@@ -17,6 +17,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -139,3 +145,384 @@ def test_a_line_an_older_version_failed_on_a_short_file_is_retried(
     # Recorded again by a version that pins the dataset: a third run retries nothing.
     r = runkit.run(tiny_model_dir, data, out, "--max-failed-fraction", "0.5")
     assert r.returncode == 0 and "nothing to do" in r.stderr, r.stderr[-2000:]
+
+
+# -- 3 and 4. row folders ----------------------------------------------------------------------
+
+
+def _once(out: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "eagle3top.cli", "--once", "--output", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize("how", ["removed", "symlinked"])
+def test_a_row_folder_removed_or_linked_under_a_run_stops_it(
+    tiny_model_dir: Path, tmp_path: Path, how: str
+) -> None:
+    data, out, log = tmp_path / "data.jsonl", tmp_path / "out", tmp_path / "log"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    lines = _lines(300, seed=2)
+    _write(data, lines)
+    rows = out / "rows_0-2000"
+    proc = runkit.start(tiny_model_dir, data, out, "--concurrency", "4", fault=SLOW, log=log)
+    with runkit.reaped(proc):
+        runkit.wait_for(lambda: len(runkit.records(out, "sample_saved")) >= 5, 120, "5 saves")
+        # rm -rf, atomically (a tree walk races with the commits): out of the way, then gone.
+        os.rename(rows, tmp_path / "gone")
+        shutil.rmtree(tmp_path / "gone", ignore_errors=True)
+        if how == "symlinked":
+            rows.symlink_to(elsewhere, target_is_directory=True)
+        rc = runkit.exit_code(proc, 120, log)
+    text = log.read_text()
+    assert rc == 4, text[-3000:]
+    assert f"the row folder {rows} was" in text, text[-3000:]
+    assert not _finished(out)
+    assert list(elsewhere.iterdir()) == []  # nothing written through the link
+    top = _once(out)
+    assert top.returncode != 0 and "FINISHED" not in top.stdout, top.stdout
+    # Missing files are found by verify --repair; then the same command redoes them.
+    if how == "symlinked":
+        rows.unlink()
+    r = runkit.run(tiny_model_dir, data, out)
+    assert r.returncode == 4 and "verify --repair" in r.stderr, r.stderr[-2000:]
+    rep = subprocess.run(
+        [sys.executable, "-m", "eagle3d", "verify", "--output", str(out), "--repair"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert rep.returncode == 1, rep.stdout + rep.stderr
+    r = runkit.run(tiny_model_dir, data, out)
+    assert r.returncode == 0, r.stderr[-3000:]
+    runkit.assert_complete(out, set(range(len(lines))), set())
+
+
+def test_a_row_folder_that_is_a_link_is_never_written_through(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    data, out = tmp_path / "data.jsonl", tmp_path / "out"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    _write(data, _lines(10, seed=4))
+    out.mkdir()
+    (out / "rows_0-2000").symlink_to(elsewhere, target_is_directory=True)
+    r = runkit.run(tiny_model_dir, data, out)
+    assert r.returncode == 4, r.stderr[-3000:]
+    assert f"the row folder {out / 'rows_0-2000'} is a symbolic link" in r.stderr
+    assert list(elsewhere.iterdir()) == []
+    assert not runkit.records(out, "run_finished")
+
+
+# -- 5. a job's files are its owner's -----------------------------------------------------------
+
+OTHER = "e3d-other"
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (useradd, runuser)")
+
+
+@pytest.fixture(scope="module")
+def other_user() -> str:
+    """A real second local user (made if missing)."""
+    import pwd
+
+    try:
+        pwd.getpwnam(OTHER)
+    except KeyError:
+        subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER],
+            check=True,
+        )
+    return OTHER
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A folder another user can reach (pytest's own is its owner's alone)."""
+    base = Path(tempfile.mkdtemp(prefix="e3d-i26-", dir="/tmp"))
+    os.chmod(base, 0o755)
+    try:
+        yield base
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _as(user: str, code: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``code`` run by ``user`` (runuser: a real second user, no capabilities)."""
+    return subprocess.run(
+        ["runuser", "-u", user, "--", "/usr/bin/python3", "-c", code, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+_TRY_OPEN = """
+import os, sys
+for p in sys.argv[1:]:
+    try:
+        fd = os.open(p, os.O_RDONLY)
+        os.close(fd)
+        print("OPENED", p)
+    except PermissionError:
+        print("DENIED", p)
+"""
+
+
+@needs_root
+def test_a_jobs_files_give_nothing_to_another_user(
+    tiny_model_dir: Path, shared_dir: Path, other_user: str
+) -> None:
+    data, out = shared_dir / "data.jsonl", shared_dir / "out"
+    _write(data, _lines(6, seed=5))
+    os.chmod(data, 0o644)
+    r = runkit.run(tiny_model_dir, data, out)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lock = Path(paths.lock_path(str(out), paths.Shard()))
+    jdir = Path(paths.journal_dir(str(out), paths.Shard()))
+    segment = sorted(jdir.glob("*.e3j"))[0]
+    sample = out / runkit.records(out, "sample_saved")[0]["path"]
+    rows = sample.parent
+    modes = {p: p.stat().st_mode & 0o777 for p in (lock, segment, sample, rows, jdir)}
+    assert modes == {lock: 0o600, segment: 0o640, sample: 0o640, rows: 0o750, jdir: 0o750}
+    seen = _as(other_user, _TRY_OPEN, *(str(p) for p in (lock, segment, sample, rows)))
+    denied = [ln for ln in seen.stdout.splitlines() if ln.startswith("DENIED")]
+    assert len(denied) == 4, seen.stdout + seen.stderr
+
+
+_HOLD = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDONLY)
+fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+print(os.getpid(), flush=True)
+time.sleep(600)
+"""
+
+
+@needs_root
+def test_a_lock_held_by_another_users_process_is_no_live_daemon(
+    tiny_model_dir: Path, shared_dir: Path, other_user: str
+) -> None:
+    """The daemon killed; its lock file as an older version left it (0644); another user
+    takes an flock on it. The monitor must not call that a running daemon, and the next run
+    names the real holder."""
+    data, out, log = shared_dir / "data.jsonl", shared_dir / "out", shared_dir / "log"
+    _write(data, _lines(200, seed=6))
+    proc = runkit.start(tiny_model_dir, data, out, "--concurrency", "4", fault=SLOW, log=log)
+    with runkit.reaped(proc):
+        runkit.wait_for(lambda: len(runkit.records(out, "sample_saved")) >= 3, 120, "3 saves")
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    lock = paths.lock_path(str(out), paths.Shard())
+    for p in (shared_dir, out, Path(lock).parent):
+        os.chmod(p, 0o755)
+    os.chmod(lock, 0o644)  # as an older eagle3d made it
+    holder = subprocess.Popen(
+        ["runuser", "-u", other_user, "--", "/usr/bin/python3", "-c", _HOLD, lock],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    pid = 0
+    try:
+        assert holder.stdout is not None
+        pid = int(holder.stdout.readline())  # runuser's child: the process holding it
+        top = _once(out)
+        assert top.returncode != 0 and "OK" not in top.stdout.split("\n")[0], top.stdout
+        assert f"held by pid {pid}" in top.stdout, top.stdout
+        r = runkit.run(tiny_model_dir, data, out)
+        assert r.returncode == 5, r.stderr[-2000:]
+        assert f"held by pid {pid}" in r.stderr, r.stderr[-2000:]
+    finally:
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+        holder.kill()
+        holder.wait()
+    r = runkit.run(tiny_model_dir, data, out)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert os.stat(lock).st_mode & 0o777 == 0o600
+    runkit.assert_complete(out, set(range(200)), set())
+
+
+# -- 6. time --------------------------------------------------------------------------------------
+
+needs_faketime = pytest.mark.skipif(
+    shutil.which("faketime") is None, reason="needs libfaketime (apt-get install faketime)"
+)
+
+
+@needs_faketime
+def test_a_clock_set_back_never_hides_a_frozen_daemon(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The daemon frozen (SIGSTOP, its whole group) while it holds its lock; the monitor's
+    clock set back 1 h (libfaketime, never the machine's): UNKNOWN (exit 3), saying why,
+    never OK. Before: ``OK - running`` (ages were clamped at 0)."""
+    data, out, log = tmp_path / "data.jsonl", tmp_path / "out", tmp_path / "log"
+    _write(data, _lines(200, seed=11))
+    proc = runkit.start(tiny_model_dir, data, out, "--concurrency", "4", fault=SLOW, log=log)
+    with runkit.reaped(proc):
+        runkit.wait_for(lambda: len(runkit.records(out, "sample_saved")) >= 3, 120, "3 saves")
+        os.killpg(proc.pid, signal.SIGSTOP)
+        try:
+            once = [sys.executable, "-m", "eagle3top.cli", "--once", "--output", str(out)]
+            back = subprocess.run(
+                ["faketime", "-f", "-1h", *once],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            first = back.stdout.split("\n")[0]
+            assert back.returncode == 3 and "UNKNOWN" in first, back.stdout
+            assert "clock was set back" in back.stdout, back.stdout
+        finally:
+            os.killpg(proc.pid, signal.SIGCONT)
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+# -- 7. a worker's memory is not a sample's fault ---------------------------------------------
+
+
+def test_a_workers_allocation_failure_charges_no_sample(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """``worker_oom:700``: a forward of more than 700 tokens makes a real allocation that
+    fails (MemoryError). With --max-attempts 1 nothing may be burnt: the worker splits the
+    batch; only a line that does not fit even alone (line 7, made long) fails, with
+    ``OutOfMemory``."""
+    data, out = tmp_path / "data.jsonl", tmp_path / "out"
+    rows = runkit.conversations(40, seed=10)
+    rows[6] = {
+        "messages": [
+            {"role": "user", "content": "alpha beta " * 200},
+            {"role": "assistant", "content": "ok"},
+        ]
+    }
+    runkit.write_jsonl(data, rows)
+    r = runkit.run(
+        tiny_model_dir,
+        data,
+        out,
+        "--max-attempts",
+        "1",
+        "--batch-tokens",
+        "2048",
+        fault="worker_oom:700",
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    failed = runkit.records(out, "sample_failed")
+    assert [(x["idx"], x["error"]) for x in failed] == [(6, "OutOfMemory")], failed
+    assert "out of memory with this sample alone" in failed[0]["message"]
+    runkit.assert_complete(out, set(range(40)) - {6}, {6})
+
+
+# -- 8 and 9. bounded input -----------------------------------------------------------------------
+
+
+def test_a_line_too_long_to_hold_fails_alone_under_a_real_memory_limit(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """A 200 MB line (a valid conversation) among 20, the daemon under a 4 GiB address-space
+    limit (RLIMIT_AS, inherited by its workers): the line fails alone, named, with the
+    default --max-line-bytes; every other line is saved; the run ends by itself."""
+    data, out = tmp_path / "data.jsonl", tmp_path / "out"
+    lines = _lines(20, seed=8)
+    huge = json.dumps(
+        {
+            "messages": [
+                {"role": "user", "content": "word " * 40_000_000},
+                {"role": "assistant", "content": "ok"},
+            ]
+        }
+    )
+    assert len(huge) > 200_000_000
+    lines[4] = huge
+    _write(data, lines)
+    del huge, lines
+    cmd = ["prlimit", f"--as={4 << 30}", "--", *runkit.run_args(tiny_model_dir, data, out)]
+    r = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=300, env=runkit.env_without_faults()
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    failed = runkit.records(out, "sample_failed")
+    assert [(x["idx"], x["error"]) for x in failed] == [(4, "line_too_long")], failed
+    assert "line 5 (sample 4): the line is 2" in failed[0]["message"], failed[0]
+    assert "line 5 (sample 4)" in r.stderr
+    runkit.assert_complete(out, set(range(20)) - {4}, {4})
+
+
+def test_invalid_utf8_is_a_per_line_failure_wherever_it_is(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    data, out = tmp_path / "data.jsonl", tmp_path / "out"
+    lines = [ln.encode() for ln in _lines(20, seed=9)]
+    for i in (1, 14):  # line 2, as early as the format's look at the head; and line 15
+        lines[i] = lines[i].replace(b"answer", b"answ\xe9r", 1)
+    data.write_bytes(b"\n".join(lines) + b"\n")
+    r = runkit.run(tiny_model_dir, data, out, "--max-failed-fraction", "0.2")
+    assert r.returncode == 0, r.stderr[-3000:]
+    failed = {x["idx"]: x["message"] for x in runkit.records(out, "sample_failed")}
+    assert set(failed) == {1, 14}, failed
+    assert (
+        failed[1].startswith("line 2 (sample 1): bad JSON") and "line 15 (sample 14)" in failed[14]
+    )
+    runkit.assert_complete(out, set(range(20)) - {1, 14}, {1, 14})
+    # A file that is not UTF-8 text as a whole (Latin-1): refused, naming the first bad byte.
+    latin = tmp_path / "latin1.jsonl"
+    latin.write_bytes(
+        b"\n".join(
+            b'{"messages": [{"role": "user", "content": "caf\xe9 %d"}]}' % i for i in range(9)
+        )
+    )
+    r = runkit.run(tiny_model_dir, latin, tmp_path / "out2")
+    assert r.returncode == 3, r.stderr[-2000:]
+    assert "not UTF-8 text" in r.stderr and "first bad byte is on line 1, byte 47" in r.stderr
+    assert not (tmp_path / "out2").exists()
+
+
+# -- 10. a refused start writes nothing ------------------------------------------------------
+
+
+def _tree(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*")) if root.exists() else []
+
+
+@pytest.mark.parametrize(
+    "args, code",
+    [
+        (("--aux-layers", "0,1,99"), 2),  # a layer the model does not have
+        (("--space-reserve", "100%"), 10),  # does not fit
+    ],
+    ids=["aux-layers", "space"],
+)
+def test_a_refused_start_writes_nothing(
+    tiny_model_dir: Path, tmp_path: Path, args: tuple[str, ...], code: int
+) -> None:
+    data = tmp_path / "data.jsonl"
+    _write(data, _lines(5, seed=1))
+    fresh, empty = tmp_path / "fresh", tmp_path / "empty"
+    empty.mkdir()
+    for out in (fresh, empty):
+        r = runkit.run(tiny_model_dir, data, out, *args)
+        assert r.returncode == code, r.stderr[-2000:]
+    assert not fresh.exists(), _tree(fresh)
+    assert _tree(empty) == []
+    assert not Path(f"{fresh}.dumps").exists() and not Path(f"{empty}.sock").exists()
+
+
+def test_zero_values_are_documented_in_help() -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "eagle3d", "run", "--help"], capture_output=True, text=True
+    )
+    text = " ".join(r.stdout.split())
+    for option, words in (
+        ("--max-length", "0: no limit"),
+        ("--workers", "0: automatic"),
+        ("--worker-threads", "0: automatic"),
+        ("--commit-threads", "0: automatic"),
+        ("--batch-tokens", "0: automatic"),
+        ("--concurrency", "0: the producer's"),
+    ):
+        at = text.rindex(option + " ")
+        assert words in text[at : at + 400], (option, text[at : at + 400])

@@ -375,6 +375,16 @@ ATTEMPTS = {
         ("dump 0", "commit 0"),
         ("dump 0", ""),  # the same dump seen again (the 5 s scan): nothing twice
     ]),
+    "a saved sample's dump seen by a scan before the reaper removed it is no orphan": ({}, [
+        ("feed 0 1", "send 0, send 1"),
+        ("dump 0", "commit 0"),
+        ("save 0", ""),  # its dump goes to the reaper
+        ("dump 0", ""),  # the scan raced the reaper: its dump, not an orphan
+        ("tick 60", ""),
+        ("dump 0", ""),
+        ("tick 61", ""),
+        ("dump 0", "orphan"),  # the reaper had its chance and the dump is still there
+    ]),
 }
 # fmt: on
 

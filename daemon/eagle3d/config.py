@@ -33,6 +33,7 @@ class JobConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     server: str = ""
     max_length: int = 2048
     on_overflow: str = "truncate"
+    max_line_bytes: int = 64 << 20  # a longer JSONL line fails alone, never read whole
     aux_layers: list[int] = []  # the old name of ``layers`` (--aux-layers), kept as an alias
     recipe: str = ""  # eagle3d.remote.recipes: eagle3 (default), eagle3.1, p-eagle, dflash, ...
     layers: list[int] = []  # target layer ids in eagle3d's convention; [] = recipe's default
@@ -92,6 +93,8 @@ class JobConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             )
         if self.max_length < 0:
             raise ConfigError(f"max_length must be >= 0, got {self.max_length}")
+        if self.max_line_bytes < 1:
+            raise ConfigError(f"max_line_bytes must be >= 1, got {self.max_line_bytes}")
         from eagle3d.store.sizing import parse_size
 
         try:
@@ -225,7 +228,12 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
         help="producer: hf (default), sglang, or synthetic (dumps at memory speed, for sizing disks)",
     )
     a("--server", help="SGLang server URL (backend sglang)")
-    a("--max-length", type=int, dest="max_length", help="token limit per sample (default 2048)")
+    a(
+        "--max-length",
+        type=int,
+        dest="max_length",
+        help="token limit per sample (default 2048; 0: no limit)",
+    )
     a(
         "--on-overflow",
         choices=("truncate", "skip"),
@@ -233,6 +241,14 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
         help="a sample longer than --max-length: truncate keeps its first max-length tokens"
         " (counted as truncated in the journal, the monitor and `eagle3d report`); skip fails"
         " it as too_long (default truncate)",
+    )
+    a(
+        "--max-line-bytes",
+        type=int,
+        dest="max_line_bytes",
+        metavar="N",
+        help="a JSONL line longer than this fails alone, named, without being read whole"
+        " (default 67108864: 64 MiB)",
     )
     a(
         "--recipe",
@@ -277,7 +293,7 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
     a(
         "--concurrency",
         type=int,
-        help="requests waiting at the producer (default: the producer's); the HF worker's"
+        help="requests waiting at the producer (default, or 0: the producer's); the HF worker's"
         " running batch is not counted, so its batcher always chooses from this many",
     )
     a("--max-attempts", type=int, dest="max_attempts", help="attempts per sample (default 3)")
@@ -293,19 +309,20 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
         "--batch-tokens",
         type=int,
         dest="batch_tokens",
-        help="HF token budget per batch (default: 8192 on a GPU, 512 on a CPU)",
+        help="HF token budget per batch (default, or 0: automatic: 8192 on a GPU, 512 on a CPU)",
     )
     a(
         "--workers",
         type=int,
-        help="HF worker processes (default: one per GPU; on a CPU one per core, at most 8,"
+        help="HF worker processes (default, or 0: automatic: one per GPU; on a CPU one per core, at most 8,"
         " and only as many model copies as half the available memory holds)",
     )
     a(
         "--worker-threads",
         type=int,
         dest="worker_threads",
-        help="torch threads in each HF worker (default: the CPUs divided among the workers)",
+        help="torch threads in each HF worker (default, or 0: automatic: the CPUs divided among"
+        " the workers)",
     )
     a(
         "--device",
@@ -336,7 +353,7 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
         "--commit-threads",
         type=int,
         dest="commit_threads",
-        help="threads writing samples to the output (default: one per CPU, 2 to 8)",
+        help="threads writing samples to the output (default, or 0: automatic: one per CPU, 2 to 8)",
     )
     a(
         "--max-failed-fraction",

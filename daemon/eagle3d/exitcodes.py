@@ -34,7 +34,8 @@ CODES = (
     ExitCode(
         6,
         "FINGERPRINT",
-        "job fingerprint changed under a resumed job (--force-resume overrides)",
+        "job fingerprint changed under a resumed job (--force-resume overrides), or the"
+        " dataset changed during the run",
         False,
     ),
     ExitCode(

@@ -76,6 +76,11 @@ class RunStarted(Event, tag="run_started"):
     # The session reads the dataset pinned (a changed file stops it; no line is ever cut
     # short by a file that ended early). An older version's bad_json failures are retried.
     dataset_pinned: bool = False
+    # Who the daemon is, beyond a pid that may be reused: its start time (clock ticks since
+    # boot, /proc/<pid>/stat) and the boot's id. A monitor takes a lock for the daemon's
+    # only when its holder is this process (eagle3proto.locks).
+    pid_start: int = 0
+    boot_id: str = ""
     #: rows of this shard that a journal of another shard count settled (saved or failed
     #: for good) before this session: theirs, not counted in total (docs/slurm.md)
     inherited: int = 0

@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import os
 
+#: A journal segment's mode: the owner writes, the group may read, others nothing.
+FILE_MODE = 0o640
+
 
 class OsFileOps:
     """Plain POSIX file operations."""
 
     def open_append(self, path: str) -> int:
-        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, FILE_MODE)
 
     def create_exclusive(self, path: str) -> int:
-        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
 
     def write(self, fd: int, data: bytes | memoryview) -> int:
         return os.write(fd, data)

@@ -19,9 +19,10 @@ import uuid
 from collections.abc import Callable
 
 from . import events as ev
+from .checkpoint import Position
 from .codec import SegmentHeader, encode_frame
 from .fileops import OsFileOps
-from .journalread import Replay, replay, segment_name
+from .journalread import Replay, Start, replay, segment_name
 from .journalrepair import repair
 
 DEFAULT_SEGMENT_BYTES = 64 << 20
@@ -47,6 +48,8 @@ class JournalWriter:
         shard_index, shard_count: written into every segment header.
         listener: called with each event, in seq order, once it is published: chatty
             records once written, durable records once synced.
+        on_position: called after each run of published events with where the last one's
+            frame is (a checkpoint's position), on the same thread as ``listener``.
         clock: wall-clock source for ``ts`` (time is an argument).
         fileops: the filesystem seam.
     """
@@ -61,6 +64,7 @@ class JournalWriter:
         flush_interval: float = 0.1,
         sync_interval: float = 1.0,
         listener: Callable[[ev.Event], None] | None = None,
+        on_position: Callable[[Position], None] | None = None,
         clock: Callable[[], float] = time.time,
         fileops: OsFileOps | None = None,
         background: bool = True,
@@ -72,6 +76,9 @@ class JournalWriter:
         self.flush_interval = flush_interval
         self.sync_interval = sync_interval
         self.listener = listener
+        self.on_position = on_position
+        # seq -> (segment name, frame start, frame end, frame crc), until published
+        self._frames: dict[int, tuple[str, int, int, int]] = {}
         self.clock = clock
         self.fs = fileops or OsFileOps()
         self._background = background
@@ -99,16 +106,21 @@ class JournalWriter:
 
     # -- opening and recovery -------------------------------------------------------------
 
-    def open(self, sink: Callable[[list[ev.AnyEvent]], None] | None = None) -> Replay:
+    def open(
+        self,
+        sink: Callable[[list[ev.AnyEvent]], None] | None = None,
+        start: Start | None = None,
+    ) -> Replay:
         """Recover the shard, start a new segment, append ``recovered`` records.
 
-        Returns what was replayed (the valid events went to ``sink``).
+        Returns what was replayed (the valid events went to ``sink``): with ``start`` (a
+        checked checkpoint's position), only the records after it.
         """
-        os.makedirs(self.directory, exist_ok=True)
+        os.makedirs(self.directory, mode=0o750, exist_ok=True)
         for name in os.listdir(self.directory):
             if name.endswith(".tmp"):
                 os.unlink(os.path.join(self.directory, name))
-        rep = replay(self.directory, sink)
+        rep = replay(self.directory, sink, start)
         self.run_id = rep.run_id or new_run_id()
         self._next_seq = rep.next_seq
         self._written_seq = self._synced_seq = self._published_seq = rep.next_seq - 1
@@ -208,7 +220,14 @@ class JournalWriter:
                 event.run = self.run_id
                 frames.append(encode_frame(ev.encode(event)))
             self._next_seq += len(events)
+            at = self._seg_size + self._buf_bytes
+            seg = os.path.basename(self._segment)
+            track = self.on_position is not None
             for event, frame in zip(events, frames, strict=True):
+                if track:
+                    end = at + len(frame)
+                    self._frames[event.seq] = (seg, at, end, int.from_bytes(frame[:4], "little"))
+                    at = end
                 self._buf.append(frame)
                 self._buf_events.append(event)
                 self._buf_bytes += len(frame)
@@ -259,6 +278,7 @@ class JournalWriter:
             self._closed = True  # cannot guarantee the tail: stop appending to this segment
         for e in self._buf_events:
             self._unpublished.pop(e.seq, None)
+            self._frames.pop(e.seq, None)
         dropped = {e.seq for e in self._buf_events}
         self._durable_pending = [s for s in self._durable_pending if s not in dropped]
         self._next_seq = self._written_seq + 1
@@ -297,15 +317,23 @@ class JournalWriter:
                     limit = min(limit, self._durable_pending[0] - 1)
                 ready: list[ev.Event] = []
                 s = self._published_seq + 1
+                frame = None
                 while s <= limit:
                     e = self._unpublished.pop(s, None)
                     if e is not None:
                         ready.append(e)
+                    frame = self._frames.pop(s, frame)
                     s += 1
                 self._published_seq = max(self._published_seq, limit)
             if self.listener is not None:
                 for e in ready:
                     self.listener(e)
+            if self.on_position is not None and frame is not None and ready:
+                seg, start, end, crc = frame
+                last = ready[-1]
+                self.on_position(
+                    Position(run=last.run, seq=last.seq, segment=seg, start=start, end=end, crc=crc)
+                )
 
     def flush(self) -> None:
         """Write buffered chatty records (no fsync)."""

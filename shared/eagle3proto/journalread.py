@@ -14,6 +14,7 @@ import operator
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from . import events as ev
 from .codec import HEADER_SIZE, TORN, SegmentHeader, Stop, encode_frame, scan
@@ -38,6 +39,20 @@ class Problem:
     def describe(self) -> str:
         name = os.path.basename(self.segment)
         return f"{name}@{self.offset}: {self.reason} ({self.detail}; {self.dropped_bytes} bytes)"
+
+
+class Start(Protocol):
+    """Where a replay may begin instead of the journal's start: after record ``seq`` of run
+    ``run``, whose frame ends at byte ``end`` of segment ``segment`` (a file name)."""
+
+    @property
+    def run(self) -> str: ...
+    @property
+    def seq(self) -> int: ...
+    @property
+    def segment(self) -> str: ...
+    @property
+    def end(self) -> int: ...
 
 
 @dataclass(slots=True)
@@ -75,11 +90,17 @@ def _read(path: str) -> bytes:
         return f.read()
 
 
-def replay(directory: str, sink: Callable[[list[ev.AnyEvent]], None] | None = None) -> Replay:
+def replay(
+    directory: str,
+    sink: Callable[[list[ev.AnyEvent]], None] | None = None,
+    start: Start | None = None,
+) -> Replay:
     """Read every segment of a shard in order, feeding valid events to ``sink`` in batches.
 
-    Read-only: it never modifies the journal. The returned :class:`Replay` says where it
-    stopped and why.
+    With ``start`` (a checkpoint's position, :mod:`eagle3proto.checkpoint`), only what
+    follows record ``start.seq`` is read: the segments before its own are not opened, and
+    its own is read from ``start.end`` on. Read-only: it never modifies the journal. The
+    returned :class:`Replay` says where it stopped and why.
 
     Long: every way a shard's segments can end (a bad header, another run's segment, a gap
     in the sequence numbers, a bad frame, a torn tail) is judged in one loop over the
@@ -87,60 +108,50 @@ def replay(directory: str, sink: Callable[[list[ev.AnyEvent]], None] | None = No
     """
     out = Replay()
     segments = list_segments(directory)
+    if start is not None:
+        first = os.path.join(directory, start.segment)
+        segments = [s for s in segments if s >= first]
+        out.run_id, out.next_seq = start.run, start.seq + 1
     for i, path in enumerate(segments):
         last = i == len(segments) - 1
         out.segments.append(path)
-        data = _read(path)
+        base = start.end if start is not None and i == 0 else HEADER_SIZE
+        head, data = _read_from(path, base)
         try:
-            header = SegmentHeader.unpack(data)
+            header = SegmentHeader.unpack(head)
         except ValueError as e:
             # A header is written and synced before a segment is renamed into place, so a
             # bad one is damage, not a torn write.
-            out.problems.append(Problem(path, 0, "bad_header", str(e), len(data), True))
+            out.problems.append(Problem(path, 0, "bad_header", str(e), len(head) + len(data), True))
             break
         if not out.run_id:
             out.run_id = header.run_id
             out.next_seq = header.first_seq
+        size = base + len(data)
         if header.run_id != out.run_id:
             out.problems.append(
-                Problem(path, 0, "foreign_run", f"segment of run {header.run_id}", len(data), True)
+                Problem(path, 0, "foreign_run", f"segment of run {header.run_id}", size, True)
             )
             break
-        if header.first_seq != out.next_seq:
+        if base == HEADER_SIZE and header.first_seq != out.next_seq:
             out.problems.append(
                 Problem(
                     path,
                     0,
                     "seq_gap",
                     f"segment starts at seq {header.first_seq}, expected {out.next_seq}",
-                    len(data),
+                    size,
                     True,
                 )
             )
             break
-        result = scan(data, HEADER_SIZE)
-        batch = ev.decode_many(result.payloads)
-        end = result.end
-        stop_problem: Problem | None = None
-        good = _check_sequence(batch, out.run_id, out.next_seq)
-        if good < len(batch):
-            bad = batch[good]
-            end = HEADER_SIZE + sum(len(p) + 8 for p in result.payloads[:good])
-            if bad.run != out.run_id:
-                reason, detail = "foreign_run", f"frame of run {bad.run or '?'} at seq {bad.seq}"
-            else:
-                reason = "seq_gap"
-                detail = f"seq {bad.seq} where {out.next_seq + good} was expected"
-            stop_problem = Problem(path, end, reason, detail, len(data) - end, True)
-            batch = batch[:good]
-        if batch:
-            out.count += len(batch)
-            out.next_seq += len(batch)
-            if sink is not None:
-                sink(batch)
+        result = scan(data)
+        end, stop_problem = _feed(out, path, result.payloads, base, size, sink)
+        if stop_problem is None:
+            end = base + result.end
         out.good_ends[path] = end
         if stop_problem is None and result.stop is not Stop.CLEAN:
-            dropped = len(data) - end
+            dropped = size - end
             if result.stop in TORN or (result.torn_sector and last):
                 # A torn tail is what a crash mid-append leaves; in an older segment it can
                 # only be unacknowledged bytes a crash left behind before the next start.
@@ -149,11 +160,68 @@ def replay(directory: str, sink: Callable[[list[ev.AnyEvent]], None] | None = No
             else:
                 detail = f"{result.stop.value} with {dropped} bytes after it"
                 stop_problem = Problem(path, end, "corrupt", detail, dropped, True)
+        del data, result  # before the next segment is read: one segment's bytes at a time
         if stop_problem is not None:
             out.problems.append(stop_problem)
             if stop_problem.fatal:
                 break
     return out
+
+
+#: Records decoded at a time: a 64 MiB segment's ~450k records decoded at once took ~500 MB.
+DECODE_CHUNK = 16384
+
+
+def _feed(
+    out: Replay,
+    path: str,
+    payloads: list[bytes],
+    base: int,
+    size: int,
+    sink: Callable[[list[ev.AnyEvent]], None] | None,
+) -> tuple[int, Problem | None]:
+    """Decode one segment's frames a chunk at a time into ``sink``, checking that seqs run
+    on and the run is the same; (end of the last good frame, the problem that stopped it)."""
+    for i in range(0, len(payloads), DECODE_CHUNK):
+        batch = ev.decode_many(payloads[i : i + DECODE_CHUNK])
+        good = _check_sequence(batch, out.run_id, out.next_seq)
+        problem = None
+        if good < len(batch):
+            bad = batch[good]
+            end = base + sum(len(p) + 8 for p in payloads[: i + good])
+            if bad.run != out.run_id:
+                reason, detail = "foreign_run", f"frame of run {bad.run or '?'} at seq {bad.seq}"
+            else:
+                reason = "seq_gap"
+                detail = f"seq {bad.seq} where {out.next_seq + good} was expected"
+            problem = Problem(path, end, reason, detail, size - end, True)
+            batch = batch[:good]
+        if batch:
+            out.count += len(batch)
+            out.next_seq += len(batch)
+            if sink is not None:
+                sink(batch)
+        if problem is not None:
+            return end, problem
+    return 0, None
+
+
+def _read_from(path: str, offset: int) -> tuple[bytes, bytes]:
+    """A segment's header, and its bytes from ``offset`` on (one allocation of their size: a
+    buffered ``read()`` of a whole segment briefly held twice that)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        head = os.pread(fd, HEADER_SIZE, 0)
+        size = os.fstat(fd).st_size
+        data = os.pread(fd, max(0, size - offset), offset) if size > offset else b""
+        while len(data) < size - offset:  # a short read (a file still being appended)
+            more = os.pread(fd, size - offset - len(data), offset + len(data))
+            if not more:
+                break
+            data += more
+        return head, data
+    finally:
+        os.close(fd)
 
 
 def _check_sequence(batch: list[ev.AnyEvent], run_id: str, first: int) -> int:
@@ -188,6 +256,15 @@ class Follower:
         self._segment = ""
         self._offset = 0
         self.stuck: Problem | None = None
+
+    @classmethod
+    def after(cls, directory: str, start: Start) -> Follower:
+        """A follower that begins after record ``start.seq`` (a checkpoint's position)."""
+        fol = cls(directory)
+        fol.run_id, fol.next_seq = start.run, start.seq + 1
+        fol._segment = os.path.join(directory, start.segment)
+        fol._offset = start.end
+        return fol
 
     def poll(self) -> list[ev.AnyEvent]:
         out: list[ev.AnyEvent] = []

@@ -69,6 +69,12 @@ def journal_dir(output: str, shard: Shard) -> str:
     return os.path.join(journal_root(output), shard.name)
 
 
+def staging_dir(output: str, shard: Shard) -> str:
+    """Where a shard's sample files are written before their rename into ``rows_*``: the
+    only folder a start lists for what a crash left (it holds at most what was committing)."""
+    return os.path.join(state_dir(output), "staging", shard.name)
+
+
 def lock_path(output: str, shard: Shard) -> str:
     return os.path.join(state_dir(output), f"{shard.name}.lock")
 

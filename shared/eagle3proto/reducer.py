@@ -69,6 +69,9 @@ class ShardState(msgspec.Struct, kw_only=True):
     job: ev.JobInfo | None = None
     total: int = -1
     session: int = 0
+    pid: int = 0  # the last session's daemon: pid, start time (clock ticks), boot id
+    pid_start: int = 0
+    boot_id: str = ""
     # empty | starting | loading | running | paused | draining | finished | stopped
     state: str = "empty"
     state_reason: str = ""
@@ -203,6 +206,7 @@ def _run_started(s: ShardState, e: ev.RunStarted) -> None:
     s.job = e.job
     s.total = e.total
     s.session = e.session
+    s.pid, s.pid_start, s.boot_id = e.pid, e.pid_start, e.boot_id
     _set_state(s, "starting", "", e.ts)
     s.state_since = e.ts
     s.up_ts = 0.0

@@ -24,7 +24,7 @@ from eagle3proto import reducer, wire
 from eagle3proto.journalread import Follower, list_segments
 
 from .model import Row
-from .sources import SourceInfo, Target, decode, lock_held, read_journal
+from .sources import SourceInfo, Target, daemon_alive, decode, read_journal
 
 BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 15.0)
 #: How often a journal is re-read while its daemon is known to be down (nothing appends to
@@ -212,7 +212,7 @@ class LocalFeed(Feed):
                     folded = len(new)
                 row.state = self._jstate
                 row.source, row.conn = "journal", "journal"
-                row.alive = lock_held(t.lock) if t.lock else None
+                row.alive = daemon_alive(t.lock, self._jstate) if t.lock else None
                 self._changed(folded)
                 if row.alive is False:
                     every = max(every, QUIET_POLL_S)

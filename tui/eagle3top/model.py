@@ -137,6 +137,30 @@ _TRAILING_SECONDS = re.compile(r"\s*\(\d+(?:\.\d+)?\s*s\)\s*$")
 _UNWRITABLE = ("permission denied", "read-only", "i/o error", "quota")
 
 
+#: A record dated this far after the monitor's "now" means the clocks disagree (the wall
+#: clock was set back, or the daemon's host runs ahead): no age can then be trusted.
+CLOCK_SKEW_S = 5.0
+
+
+def _future(s: ShardState, now: float) -> float:
+    """How far the newest time the journal holds lies after ``now`` (<= 0: none does)."""
+    stamps = [*s.last_ts.values(), s.state_since, s.producer_since, s.up_ts]
+    return max(stamps, default=0.0) - now
+
+
+def _clock_back(s: ShardState, now: float) -> Health | None:
+    """UNKNOWN when an age would be negative (never judged OK, nor stalled), else None."""
+    ahead = _future(s, now)
+    if ahead <= CLOCK_SKEW_S:
+        return None
+    return Health(
+        "unknown",
+        UNKNOWN,
+        f"the newest record is dated {_since(ahead)} after this clock (the clock was set"
+        " back, or the daemon's runs ahead): ages, stalls and the ETA cannot be judged",
+    )
+
+
 def _since(seconds: float) -> str:
     return duration(max(seconds, 0.0))
 
@@ -164,6 +188,9 @@ def health(row: Row, now: float) -> Health:
         newest = max(s.last_ts.values()) if s.last_ts else None
         gone = f" (last record {_since(now - newest)} ago)" if newest is not None else ""
         return Health("down", CRITICAL, f"daemon not running{gone}, {remaining:,} samples left")
+    skewed = _clock_back(s, now)
+    if skewed is not None:
+        return skewed
     if s.state == "stopped":
         level = CRITICAL if s.stop_code else WARNING
         return Health("stopped", level, s.state_reason or "stopped")

@@ -20,11 +20,11 @@ import socket
 import time
 
 import msgspec
-from eagle3proto import wire
+from eagle3proto import reducer, wire
 from eagle3proto.codec import encode_frame
 from eagle3proto.journalread import list_segments
 
-from .sources import SourceInfo, Target, encode_source, lock_held, read_journal
+from .sources import SourceInfo, Target, daemon_alive, encode_source, read_journal
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -115,7 +115,7 @@ def _serve_journal(
         _write_all(stdout, wire.encode(wire.Error(message=msg)))
         return 3
     state, fol = read_journal(target.jdir)
-    alive = lock_held(target.lock) if target.lock else None
+    alive = daemon_alive(target.lock, state) if target.lock else None
     detail = "daemon running, socket unreachable" if alive else "daemon not running"
     shard = target.shard
     snap = wire.Snapshot(
@@ -138,13 +138,15 @@ def _serve_journal(
             if sel.select(interval) and not os.read(stdin, 65536):
                 return 0  # the client went away
             # Unknown kinds are forwarded too: the seq chain must stay unbroken.
-            out = [encode_frame(msgspec.msgpack.encode(e)) for e in fol.poll()]
+            new = fol.poll()
+            reducer.apply_all(state, new)  # a new session's daemon is recognised too
+            out = [encode_frame(msgspec.msgpack.encode(e)) for e in new]
             if out:
                 _write_all(stdout, b"".join(out))
             now = time.monotonic()
             if now >= next_probe:
                 next_probe = now + 2.0
-                now_alive = lock_held(target.lock) if target.lock else None
+                now_alive = daemon_alive(target.lock, state) if target.lock else None
                 if now_alive != alive:
                     alive = now_alive
                     info = SourceInfo(mode="journal", alive=alive, detail="liveness changed")

@@ -8,9 +8,11 @@ Liveness ("is the daemon up?") is decided without disturbing it:
 
 * a socket that answers hello means up;
 * otherwise the shard lock (:func:`eagle3proto.paths.lock_path`, an ``flock`` the daemon
-  holds for its whole life) is looked up in ``/proc/locks``; held means up (socket
-  unreachable), not held means down. Where ``/proc/locks`` cannot be read the lock is tested
-  with a non-blocking shared ``flock`` that is released at once.
+  holds for its whole life) is looked up in ``/proc/locks``: up only when its holder is the
+  daemon the journal's last ``run_started`` names (its pid *and* start time, on this boot:
+  :mod:`eagle3proto.locks`); a lock held by anything else is down, and the holder is named.
+  Where ``/proc/locks`` cannot be read the lock is tested with a non-blocking shared
+  ``flock`` that is released at once.
 
 Blocking helpers here serve ``--once`` (no asyncio import on that path); the asyncio feeds
 that keep the TUI's rows up to date live in :mod:`eagle3top.feeds`.
@@ -32,10 +34,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgspec
+from eagle3proto import checkpoint, locks, paths, reducer, wire
 from eagle3proto import events as ev
-from eagle3proto import paths, reducer, wire
 from eagle3proto.codec import HEADER_SIZE, scan
-from eagle3proto.journalread import Follower, list_segments, replay
+from eagle3proto.journalread import Follower, Replay, list_segments, replay
 
 from .model import Row
 
@@ -189,6 +191,29 @@ def lock_held(path: str, proc_locks: str = "/proc/locks") -> bool:
     return False
 
 
+def daemon_alive(path: str, state: reducer.ShardState | None) -> bool:
+    """Whether the daemon the journal names holds the shard lock at ``path``: a lock held
+    by any other process (a pid reused, another user's program) is not a live daemon."""
+    held = locks.holders(path)
+    if held is None:  # no /proc/locks: the lock alone, as before
+        return _flock_probe(path) if os.path.exists(path) else False
+    if not held:
+        return False
+    if state is None or state.pid <= 0:
+        return False  # no daemon named: nobody to recognise
+    return any(p == state.pid and locks.is_process(p, state.pid_start, state.boot_id) for p in held)
+
+
+def foreign_holder(path: str, state: reducer.ShardState | None) -> str:
+    """'' unless the shard lock is held by a process that is not the journal's daemon; then
+    who holds it (from /proc/locks), for the monitor to say."""
+    held = locks.holders(path) or []
+    if not held or daemon_alive(path, state):
+        return ""
+    who = ", ".join(locks.describe(p) for p in held)
+    return f"the shard lock {path} is held by {who}, not by this journal's daemon"
+
+
 def _flock_probe(path: str) -> bool:
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
@@ -237,11 +262,30 @@ def _read_snapshot(recv: Callable[[int], bytes], timeout: float) -> wire.Snapsho
 
 
 def read_journal(jdir: str) -> tuple[reducer.ShardState, Follower]:
-    """Fold a shard's whole journal (read-only). The follower continues from its end."""
-    state = reducer.new_state()
-    fol = Follower(jdir)
+    """Fold a shard's journal (read-only): its checkpoint and the records after it, or the
+    whole journal when it has none that checks out. The follower continues from its end."""
+    ck = checkpoint.load(jdir).checkpoint
+    if ck is None:
+        state, fol = reducer.new_state(), Follower(jdir)
+    else:
+        state, fol = ck.state, Follower.after(jdir, ck.position)
     reducer.apply_all(state, fol.poll())
     return state, fol
+
+
+def fold_journal(jdir: str) -> tuple[reducer.ShardState, Replay, str]:
+    """A shard's state from its checkpoint and the journal's tail after it (the whole
+    journal when the checkpoint is missing or refused), what the replay found, and why a
+    checkpoint was refused ('' when none was, or there was none)."""
+    loaded = checkpoint.load(jdir)
+    ck = loaded.checkpoint
+    state = reducer.new_state() if ck is None else ck.state
+
+    def fold(batch: list[ev.AnyEvent]) -> None:
+        reducer.apply_all(state, batch)
+
+    rep = replay(jdir, fold, None if ck is None else ck.position)
+    return state, rep, "" if ck is not None or loaded.missing else loaded.note
 
 
 def once_local(t: Target) -> Row:
@@ -262,17 +306,17 @@ def once_local(t: Target) -> Row:
         row.output = snap.output or row.output
         return row
     if t.jdir and list_segments(t.jdir):
-        state = reducer.new_state()
-
         # replay (not Follower): it also reports a torn tail in the newest segment, which
         # matters when the daemon is gone.
-        def fold(batch: list[ev.AnyEvent]) -> None:
-            reducer.apply_all(state, batch)
-
-        rep = replay(t.jdir, fold)
+        state, rep, refused = fold_journal(t.jdir)
+        if refused:
+            row.notes.append(refused)
         row.state = state
         row.source, row.conn = "journal", "journal"
-        row.alive = lock_held(t.lock) if t.lock else None
+        row.alive = daemon_alive(t.lock, state) if t.lock else None
+        foreign = foreign_holder(t.lock, state) if t.lock else ""
+        if foreign:
+            row.notes.append(foreign)
         for p in rep.problems:
             if p.reason == "torn" and row.alive:
                 continue  # a live writer's last frame may simply be half written

@@ -20,6 +20,9 @@ from eagle3d.core.window import room
 from eagle3d.exitcodes import EXIT_OK, EXIT_OUTPUT
 
 DUMP_FULL_MEMORY_S = 60.0  # a dump that never arrives this long after the area was full
+#: How long a committed sample's dump is the reaper's to remove: a scan that sees it
+#: meanwhile does not call it an orphan (the reaper runs at the lowest priority, behind).
+REAPER_GRACE_S = 120.0
 VANISHED = Verdict(counted=False, why="its dump was removed before it was read")
 MIB = 1 << 20
 INFO, WARNING, ERROR = logging.INFO, logging.WARNING, logging.ERROR
@@ -66,6 +69,9 @@ class Book:
         self.rid_prefix = rid_prefix
         self.session = session
         self.inflight: dict[str, Sample] = {}
+        #: rids of samples saved within REAPER_GRACE_S, oldest first: their dumps are the
+        #: reaper's (a scan seeing one is no orphan)
+        self.reaping: dict[str, float] = {}
         self.by_idx: dict[int, Sample] = {}
         self.queue: deque[Fed] = deque()  # handed over by the feeder, not yet taken
         self.requeue: deque[Sample] = deque()  # uncounted failures waiting for a pause to end

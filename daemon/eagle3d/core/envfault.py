@@ -120,6 +120,10 @@ class Verdict:
 
 SAMPLE = Verdict(counted=True)
 
+#: Said of a worker that exited after a MemoryError outside a forward (its exit status
+#: ``hf_protocol.EXIT_OUT_OF_MEMORY``): the host's memory, never a sample's fault.
+OUT_OF_MEMORY = "out of memory"
+
 
 def producer_failure(
     error: str, message: str, *, stopping: bool, dump_dir: str, dump_area_full: bool
@@ -147,6 +151,8 @@ def producer_failure(
         sig = signal_in(message)
         if sig in OUTSIDE_SIGNALS:
             return Verdict(False, why=f"the worker was killed by {signal.Signals(sig).name}")
+        if OUT_OF_MEMORY in message:
+            return Verdict(False, why="the worker ran out of memory")
     if error == "ProducerDown":
         return Verdict(False, why="the producer is down")
     return SAMPLE

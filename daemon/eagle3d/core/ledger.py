@@ -59,6 +59,7 @@ from eagle3d.core.book import (
     ERROR,
     INFO,
     MIB,
+    REAPER_GRACE_S,
     VANISHED,
     WARNING,
     Book,
@@ -261,7 +262,7 @@ class Ledger(Book):
         self._emit(fx.SeenDump(rid))
         p = self.inflight.get(rid)
         if p is None or p.stage != SENT:
-            if p is None and size is not None:
+            if p is None and size is not None and rid not in self.reaping:
                 self._emit(fx.Orphan(path, "unknown or abandoned request"))
             return self._end(now)
         if size is None:
@@ -307,6 +308,7 @@ class Ledger(Book):
             return []  # abandoned meanwhile (a second signal, a lost output)
         if isinstance(result, oc.Saved):
             del self.inflight[p.rid]
+            self.reaping[p.rid] = now
             self.by_idx.pop(p.idx, None)
             self.status[p.idx] = SAVED
             self.largest_sample = max(self.largest_sample, result.nbytes)
@@ -337,6 +339,9 @@ class Ledger(Book):
         (the dump area's room may have grown)."""
         if self.done:
             return []
+        reaping = self.reaping
+        while reaping and now - next(iter(reaping.values())) > REAPER_GRACE_S:
+            del reaping[next(iter(reaping))]
         if self.stopping and now >= self.drain_deadline and self.inflight:
             self._log(
                 WARNING,

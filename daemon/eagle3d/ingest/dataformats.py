@@ -42,8 +42,21 @@ _HEAD = 1 << 16
 HINT = "eagle3d reads JSONL (.jsonl, .jsonl.gz, .jsonl.zst), a JSON array, or parquet"
 _INSTALL = "install it with the extract extra: pip install 'eagle3d[extract]'"
 
-#: A row as read: a JSONL line's bytes or a parquet row's columns.
-Row = bytes | dict[str, Any]
+#: The longest JSONL line read (``--max-line-bytes``): far above any real sample; a longer
+#: line fails alone (its id named), read in pieces and never held whole.
+MAX_LINE_BYTES = 64 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class TooLong:
+    """A line longer than the limit, in place of its bytes (which were never held)."""
+
+    nbytes: int
+    limit: int
+
+
+#: A row as read: a JSONL line's bytes or a parquet row's columns (or a line too long).
+Row = bytes | dict[str, Any] | TooLong
 
 
 class DatasetError(ValueError):
@@ -92,11 +105,20 @@ def _check_text(fmt: Format, head: bytes) -> Format:
     lines = head.removeprefix(_BOM).splitlines()
     if len(head) == _HEAD and len(lines) > 1:
         lines = lines[:-1]  # the last one may be cut
-    try:
-        for ln in lines:
+    bad = []
+    for n, ln in enumerate(lines, 1):
+        try:
             ln.decode()
-    except UnicodeDecodeError:
-        raise DatasetError(f"not UTF-8 text (starts with {head[:8]!r}); {HINT}") from None
+        except UnicodeDecodeError as e:
+            bad.append((n, e.start))
+    # A line that is not UTF-8 fails alone (its id named); a file most of whose lines are
+    # not is no text at all, and is refused naming where its first bad byte is.
+    if bad and 2 * len(bad) > len(lines):
+        n, at = bad[0]
+        raise DatasetError(
+            f"not UTF-8 text: {len(bad)} of its first {len(lines)} lines are not; the first"
+            f" bad byte is on line {n}, byte {at + 1} of the line; {HINT}"
+        )
     if not any(ln.lstrip().startswith(b"{") for ln in lines):
         raise DatasetError(f"no line starts a JSON object ({lines[0][:40]!r}...); {HINT}")
     return fmt
@@ -162,7 +184,9 @@ def _array(path: str, pin: Pin | None = None) -> list[msgspec.Raw]:
     return msgspec.json.decode(data.removeprefix(_BOM), type=list[msgspec.Raw])
 
 
-def count(path: str, fmt: Format, pin: Pin | None = None) -> tuple[int, list[int]]:
+def count(
+    path: str, fmt: Format, pin: Pin | None = None, max_line: int = MAX_LINE_BYTES
+) -> tuple[int, list[int]]:
     """(rows, ids of blank lines) of the dataset: rows are the sample ids 0..rows-1."""
     if fmt.name == "json":
         return len(_array(path, pin)), []
@@ -173,36 +197,54 @@ def count(path: str, fmt: Format, pin: Pin | None = None) -> tuple[int, list[int
             return int(pq.ParquetFile(f).metadata.num_rows), []
     n = 0
     blank: list[int] = []
-    for n, line in enumerate(_lines(path, fmt, pin), 1):
-        if not line.strip():
+    for n, line in enumerate(_lines(path, fmt, pin, max_line), 1):
+        if isinstance(line, bytes) and not line.strip():
             blank.append(n - 1)
     return n, blank
 
 
-def _lines(path: str, fmt: Format, pin: Pin | None = None) -> Iterator[bytes]:
-    """The lines of a JSONL file (compressed or not), line endings removed."""
+def _lines(
+    path: str, fmt: Format, pin: Pin | None = None, max_line: int = MAX_LINE_BYTES
+) -> Iterator[bytes | TooLong]:
+    """The lines of a JSONL file (compressed or not), line endings removed; a line longer
+    than ``max_line`` bytes is a :class:`TooLong`, read past in pieces."""
     with _open_text(path, fmt.name, pin) as f:
         first = True
-        for line in f:
+        while line := f.readline(max_line + 2):  # room for the line's own \r\n
             if first:
                 line = line.removeprefix(_BOM)  # not part of line 1's JSON
                 first = False
-            if line.endswith(b"\n"):
+            ended = line.endswith(b"\n")
+            if ended:
                 line = line[:-2] if line.endswith(b"\r\n") else line[:-1]
+            if len(line) > max_line or (not ended and len(line) == max_line + 2):
+                n = len(line)
+                while not ended and (more := f.readline(1 << 20)):  # the rest, not held
+                    ended = more.endswith(b"\n")
+                    n += len(more) - (1 if ended else 0)
+                yield TooLong(n, max_line)
+                continue
             yield line
 
 
 def iter_rows(
-    path: str, fmt: Format, shard_index: int = 0, shard_count: int = 1, pin: Pin | None = None
+    path: str,
+    fmt: Format,
+    shard_index: int = 0,
+    shard_count: int = 1,
+    pin: Pin | None = None,
+    max_line: int = MAX_LINE_BYTES,
 ) -> Iterator[tuple[int, Row]]:
     """``(idx, row)`` for the rows with ``idx % shard_count == shard_index``, in order."""
     if fmt.name == "parquet":
         yield from _parquet_rows(path, fmt, shard_index, shard_count, pin)
         return
-    rows: Iterator[Any] = iter(_array(path, pin)) if fmt.name == "json" else _lines(path, fmt, pin)
+    rows: Iterator[Any] = (
+        iter(_array(path, pin)) if fmt.name == "json" else _lines(path, fmt, pin, max_line)
+    )
     for idx, row in enumerate(rows):
         if idx % shard_count == shard_index:
-            yield idx, bytes(row)
+            yield idx, row if isinstance(row, TooLong) else bytes(row)
 
 
 def _parquet_rows(
@@ -240,14 +282,23 @@ def parse_row(idx: int, row: Row) -> Sample:
     """Parse one row of any format, or raise :class:`BadSample` saying why not."""
     if isinstance(row, dict):
         return parse_obj(idx, row)
+    if isinstance(row, TooLong):
+        raise BadSample(
+            idx,
+            "line_too_long",
+            f"the line is {row.nbytes:,} bytes, over the limit of {row.limit:,}"
+            " (--max-line-bytes); not read",
+        )
     return parse_line(idx, row)
 
 
 __all__ = [
     "HINT",
+    "MAX_LINE_BYTES",
     "BadSample",
     "DatasetError",
     "Format",
+    "TooLong",
     "count",
     "detect",
     "iter_rows",

@@ -38,6 +38,7 @@ class Feeder:
         failed: Callable[[str, bool], None],
         capacity: int,
         pin: Any = None,
+        max_line: int = 64 << 20,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be at least 1, not {capacity}")
@@ -50,6 +51,7 @@ class Feeder:
         self.on_overflow = on_overflow
         self.put = put
         self.pin = pin  # the dataset as pinned at the start: rows are read through it
+        self.max_line = max_line
         self.failed = failed
         self._capacity = capacity
         self._room = threading.Semaphore(capacity)
@@ -100,7 +102,8 @@ class Feeder:
         tok = AutoTokenizer.from_pretrained(self.model)
         enc = ChatEncoder(tok, max_length=self.max_length, on_overflow=self.on_overflow)
         status = self.status
-        for idx, raw in iter_rows(self.dataset, self.fmt, *self.shard, pin=self.pin):
+        rows = iter_rows(self.dataset, self.fmt, *self.shard, pin=self.pin, max_line=self.max_line)
+        for idx, raw in rows:
             if self._stop.is_set():
                 return
             if idx >= len(status) or status[idx] != PENDING:

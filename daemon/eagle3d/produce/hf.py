@@ -22,6 +22,7 @@ from typing import Any
 from eagle3proto.events import ProducerHealth
 from eagle3proto.wire import FrameBuffer
 
+from eagle3d.core.envfault import OUT_OF_MEMORY
 from eagle3d.core.sample import Request
 from eagle3d.produce.base import DumpGrace, Producer, ProducerEvents
 from eagle3d.produce.hf_layout import (
@@ -270,6 +271,8 @@ class HFProducer(Producer):
                 await w.proc.wait()
             else:
                 reason = f"worker {w.proc.pid} exited with code {code}"
+                if code == pr.EXIT_OUT_OF_MEMORY:
+                    reason += f" ({OUT_OF_MEMORY})"
             if w.stopping or self._stopped:
                 return
             await self._restart(w, reason)

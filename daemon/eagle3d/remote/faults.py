@@ -13,6 +13,9 @@ process, does not fire again):
   producer, so that a test can act while a run is surely still in progress).
 * ``worker_slow_load:<ms>`` - the HF worker rests ``ms`` milliseconds before it loads the
   model (a 70B model's load, on a tiny model).
+* ``worker_oom:<tokens>`` - in the HF worker's forward, a batch of more than ``tokens``
+  tokens makes a real allocation too large for any machine (``bytearray(2**62)``), which
+  raises a real MemoryError: memory that a smaller batch would not need.
 * ``bad_dump:<ids|shape|nan|truncate|vanish>:<n>`` - the HF worker corrupts its n-th dump
   (``vanish``: deletes it right after writing it, as a cleanup of the dump area would).
 * ``hook_drop:<n>`` - the SGLang capture hook's writer silently drops its n-th dump (no file,
@@ -62,7 +65,14 @@ def parse(text: str) -> dict[str, Fault]:
                 raise ValueError(f"EAGLE3D_FAULT: unknown kill point in {spec!r}")
             n = int(parts[2]) if len(parts) > 2 else 1
             out[f"kill:{parts[1]}"] = Fault("kill", parts[1], n, marker)
-        elif name in ("worker_hang", "worker_exit", "worker_slow", "worker_slow_load", "hook_drop"):
+        elif name in (
+            "worker_hang",
+            "worker_exit",
+            "worker_slow",
+            "worker_slow_load",
+            "worker_oom",
+            "hook_drop",
+        ):
             out[name] = Fault(name, "", int(parts[1]) if len(parts) > 1 else 1, marker)
         elif name == "bad_dump":
             if len(parts) < 2 or parts[1] not in BAD_DUMPS:
@@ -111,6 +121,13 @@ def armed(key: str) -> Fault | None:
     """The fault armed under ``key``, if any, without counting an occurrence."""
     faults = _active()
     return faults.get(key) if faults else None
+
+
+def allocate_for(tokens: int) -> None:
+    """``worker_oom``: a real allocation that fails when ``tokens`` exceed the armed limit."""
+    f = armed("worker_oom")
+    if f is not None and tokens > f.n:
+        bytearray(1 << 62)  # MemoryError from the allocator itself
 
 
 def kill_point(point: str) -> None:

@@ -72,6 +72,10 @@ class Idle(msgspec.Struct, tag="idle", tag_field="op"):
     pass
 
 
+#: A worker's exit status after a MemoryError outside a forward: the environment's fault.
+EXIT_OUT_OF_MEMORY = 75
+
+
 class Fail(msgspec.Struct, tag="fail", tag_field="op"):
     rid: str
     error: str

@@ -279,10 +279,45 @@ class Worker:
         writer.join()
 
     def run_batch(self, rids: list[str], seqs: list[list[int]]) -> None:
-        torch = self.torch
         # Said before the forward, so the daemon sends replacements while this batch runs
         # and the next batch is chosen from a full window, as in the bare loop.
         send(pr.Start(rids))
+        self.forward_split(rids, seqs)
+        slow = faults.armed("worker_slow")
+        if slow is not None:
+            time.sleep(slow.n / 1000)
+        if faults.hit("worker_exit") is not None:
+            os._exit(3)
+        if faults.hit("worker_hang") is not None:
+            while True:
+                time.sleep(3600)
+
+    def forward_split(self, rids: list[str], seqs: list[list[int]]) -> None:
+        """Run the batch; out of memory (host or device), run each half of it instead. A
+        sample that does not fit even alone fails with ``OutOfMemory`` (its own attempt:
+        the one-sample run proves it); no other sample of the batch is charged."""
+        try:
+            self.forward(rids, seqs)
+            return
+        except MemoryError as e:
+            error: BaseException = e
+        except RuntimeError as e:  # torch's OutOfMemoryError (CUDA, MPS) is one
+            if not is_oom(e):
+                raise
+            error = e
+        self.capture.states.clear()
+        free_memory(self.torch)
+        if len(rids) == 1:
+            tokens = len(seqs[0])
+            why = f"out of memory with this sample alone ({tokens} tokens): {type(error).__name__}"
+            send(pr.Fail(rids[0], "OutOfMemory", why))
+            return
+        half = len(rids) // 2
+        self.forward_split(rids[:half], seqs[:half])
+        self.forward_split(rids[half:], seqs[half:])
+
+    def forward(self, rids: list[str], seqs: list[list[int]]) -> None:
+        torch = self.torch
         t0 = time.perf_counter()
         longest = max(len(s) for s in seqs)
         ids = torch.full((len(seqs), longest), self.pad_id, dtype=torch.long)
@@ -294,6 +329,7 @@ class Worker:
         ids = ids.to(self.device)
         mask = mask.to(self.device)
         with torch.inference_mode():
+            faults.allocate_for(int(mask.sum()))
             out = self.model.model(input_ids=ids, attention_mask=mask, use_cache=False)
         final = out.last_hidden_state
         aux = torch.cat([self.capture.states[i] for i in self.layers], dim=-1)
@@ -314,14 +350,20 @@ class Worker:
         send(
             pr.Done(rids, sum(len(s) for s in seqs), len(seqs) * longest, time.perf_counter() - t0)
         )
-        slow = faults.armed("worker_slow")
-        if slow is not None:
-            time.sleep(slow.n / 1000)
-        if faults.hit("worker_exit") is not None:
-            os._exit(3)
-        if faults.hit("worker_hang") is not None:
-            while True:
-                time.sleep(3600)
+
+
+def is_oom(e: BaseException) -> bool:
+    """Whether ``e`` is an allocation failure (torch's OutOfMemoryError, on any device)."""
+    return type(e).__name__ == "OutOfMemoryError" or "out of memory" in str(e).lower()
+
+
+def free_memory(torch: Any) -> None:
+    """Give back what a failed forward held, before the smaller batches run."""
+    import gc
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -352,6 +394,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:
         worker.run()
+    except MemoryError:
+        # Outside a forward (those split their batch): the host's memory, not a sample's
+        # fault. The daemon resends what this worker held without charging an attempt.
+        traceback.print_exc()
+        return pr.EXIT_OUT_OF_MEMORY
     except Exception:
         # Reported in the daemon's log (it inherits our stderr); the daemon sees the exit
         # code, resends this worker's in-flight requests and starts a new worker.

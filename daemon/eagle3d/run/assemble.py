@@ -138,7 +138,7 @@ def assemble(
     # The daemon's own tensor work (validate, write) is memory-bound: one intra-op thread,
     # so OpenMP spinning never steals cores from a producer on the same host.
     torch.set_num_threads(1)
-    committer = _committer(cfg, opened, where, status)
+    committer = _committer(cfg, opened, where)
     reaper = Reaper(limit_for(where.dump_dir))
     stack.callback(reaper.close)
 
@@ -186,16 +186,22 @@ def assemble(
     return ticker
 
 
-def _committer(cfg: config.JobConfig, opened: Opened, where: Where, status: bytearray) -> Committer:
+def _committer(cfg: config.JobConfig, opened: Opened, where: Where) -> Committer:
     from eagle3d.store.committer import Committer
 
     # EAGLE3D_SPLICE=0 takes the splice fast path out: for its A/B (docs/benchmarks.md).
     splice = os.environ.get("EAGLE3D_SPLICE", "1") != "0"
     store = storedtype.get(opened.facts.job.store_dtype)
-    committer = Committer(where.output, store=store, writer=cfg.writer, splice=splice)
+    committer = Committer(
+        where.output,
+        store=store,
+        writer=cfg.writer,
+        splice=splice,
+        staging=paths.staging_dir(where.output, where.shard),
+        rows=opened.identity.rows,
+    )
     committer.warm_up()
-    rows = [paths.sample_relpath(i) for i in range(0, len(status), paths.GROUP_SIZE)]
-    removed = committer.clean_temp_files(rows)
+    removed = committer.clean_temp_files()  # the staging folder only: no row folder is listed
     if removed:
         log.info("removed %d stray temp file(s) from an earlier crash", removed)
     return committer
@@ -217,4 +223,5 @@ def _feeder(
         failed=lambda why, changed: inbox.put(FeedFailed(why, changed)),
         capacity=FEED_AHEAD,
         pin=facts.pin,
+        max_line=cfg.max_line_bytes,
     )

@@ -100,14 +100,15 @@ def _write_error(
     p: CommitJob, e: CommitError, output: str, identity: OutputIdentity
 ) -> oc.AnyOutcome:
     message = f"CommitError: {e}"
+    gone = identity.check()  # a row folder removed, replaced or a link: the run stops
+    if gone:
+        return oc.OutputGone(gone)
     if env_errno(e.errno):  # the environment's, never the sample's: pause, then commit again
         where = os.path.dirname(os.path.join(output, sample_relpath(p.idx)))
         return oc.WriteRefused(e.errno or 0, where, message)
     if e.errno == errno.ENOENT:
-        # A directory vanished under the commit: the output itself (the run stops), or a
-        # row directory someone removed (made again, and the sample committed again).
-        gone = identity.check()
-        return oc.OutputGone(gone) if gone else oc.DirGone(message)
+        # A directory vanished under the commit, yet the identity holds: opened again.
+        return oc.DirGone(message)
     return oc.WriteFailed(message)
 
 

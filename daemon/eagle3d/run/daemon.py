@@ -35,7 +35,7 @@ import time
 from typing import TYPE_CHECKING
 
 from eagle3proto import events as ev
-from eagle3proto import paths, reducer
+from eagle3proto import locks, paths, reducer
 from eagle3proto.journal import JournalWriter
 from eagle3proto.paths import Shard
 
@@ -43,12 +43,12 @@ from eagle3d import config
 from eagle3d.core import messages as m
 from eagle3d.core import reshard
 from eagle3d.core.resume import ResumeFold
-from eagle3d.core.sample import SKIPPED
-from eagle3d.exitcodes import EXIT_INTERNAL, EXIT_PRODUCER, Fatal
+from eagle3d.core.sample import SAVED, SKIPPED
+from eagle3d.exitcodes import EXIT_INTERNAL, EXIT_OUTPUT, EXIT_PRODUCER, Fatal
 from eagle3d.produce.base import Producer
 from eagle3d.produce.factory import make_producer, starting_words
 from eagle3d.remote.threadnames import name_threads
-from eagle3d.run import capture, diskguard, job, layout, preflight, spacecheck
+from eagle3d.run import capture, checkpoints, diskguard, job, layout, preflight, spacecheck
 from eagle3d.run import recorder as recording
 from eagle3d.run.assemble import (
     Opened,
@@ -58,6 +58,7 @@ from eagle3d.run.assemble import (
     own_dump_dir,
     remove_if_empty,
 )
+from eagle3d.run.checkpoints import Checkpoints
 from eagle3d.run.inbox import Inbox, InboxMsg, ProducerPort, Signalled
 from eagle3d.run.pipeline import Pipeline
 from eagle3d.run.recorder import Recorder
@@ -81,6 +82,7 @@ class Daemon:
         self.output = os.path.abspath(cfg.output)
         self.jdir = paths.journal_dir(self.output, self.shard)
         self.drain_timeout = drain_timeout
+        self.fresh = False  # a new job (no journal yet): its space check came first
         self.state = reducer.new_state()  # the journal's records folded, for subscribers
         self.status = bytearray()  # a byte per dataset row, resumed from the journal
         self.inbox = Inbox(self._receive)
@@ -118,7 +120,7 @@ class Daemon:
             return self.exit_code
         where = Where(self.shard, self.output, self.jdir, p.dump_dir)
         producer = await self._launch(stack, opened, where)
-        if not self.cfg.no_space_check:
+        if not (self.cfg.no_space_check or self.fresh):  # a resumed job: what its journal left
             self.notifier.status("checking the space the job needs")
             args = (self.cfg, opened.facts, self.shard, self.output, self.status)
             await asyncio.to_thread(spacecheck.check_space, *args)
@@ -146,32 +148,38 @@ class Daemon:
         return await self._start_and_run(stack, p, ticker, producer)
 
     async def _open(self, stack: Stack) -> Opened:
-        """The checks, the lock, the job's facts, the journal replayed and open."""
+        """The checks, the lock, the job's facts, the journal replayed and open. Every check
+        that can refuse a new job runs before anything is written under the output."""
         cfg = self.cfg
         preflight.check_model(cfg.model)
         preflight.check_dataset(cfg.dataset)
-        layout.check(self.output, self.shard, fold=False)  # before anything is written
+        facts = await self._refusals()
         preflight.check_output(self.output)
         with preflight.layout_lock(self.output):
             # Again under the lock (a daemon of another layout may have won), and this
             # shard's lock taken inside it: from then on no other layout can start.
             others = layout.check(self.output, self.shard)
-            os.makedirs(self.jdir, exist_ok=True)
+            preflight.make_dirs(self.jdir)
             lock = preflight.ShardLock(paths.lock_path(self.output, self.shard))
             lock.acquire()
         stack.callback(lock.release)
-        self.notifier.status("reading dataset and journal")
-        facts = await asyncio.to_thread(job.describe, cfg, self.shard, self.output)
+        self.notifier.status("reading the journal")
         self.status[:] = bytearray(facts.lines)
+        # Every record reaches subscribers through the inbox, and the checkpoint writer.
+        ckpts = Checkpoints(self.jdir, self.inbox.put)
         journal = JournalWriter(
             self.jdir,
             shard_index=self.shard.index,
             shard_count=self.shard.count,
-            listener=self.inbox.put,  # every record reaches subscribers through the inbox
+            listener=ckpts.listener,
+            on_position=ckpts.on_position,
             fileops=recording.FaultFileOps(),  # a module attribute: tests slot a layer under it
         )
         resume = ResumeFold(self.status, self.state)
-        journal.open(resume.sink)
+        start = await asyncio.to_thread(checkpoints.restore, resume, self.jdir)
+        journal.open(resume.sink, start)
+        ckpts.seed(resume)
+        stack.callback(ckpts.close)  # after the journal's last record: a clean stop's fold
         reserve = diskguard.Reserve(os.path.join(self.jdir, ".reserve"))
         recorder = Recorder(journal, self.inbox.put, reserve)
         identity = diskguard.OutputIdentity(self.output, self.jdir, journal.segment)
@@ -179,6 +187,7 @@ class Daemon:
         stack.callback(recorder.close)
         for i in facts.blank:  # no samples: skipped, whatever an older version made of them
             self.status[i] = SKIPPED
+        self._check_row_folders(identity)
         reserve.make()
         if others:  # the shard count changed: what other layouts settled stays theirs
             facts.inherited = reshard.settle(self.status, self.shard, others)
@@ -200,6 +209,35 @@ class Daemon:
         if forced:
             log.warning("resuming with a changed model (%s) because of --force-resume", forced)
         return Opened(facts, resume, journal.run_id, recorder, identity)
+
+    async def _refusals(self) -> job.JobFacts:
+        """Every check that can refuse a new job, before anything is written under the
+        output; the job's facts."""
+        cfg = self.cfg
+        layout.check(self.output, self.shard, fold=False)
+        preflight.check_output_reachable(self.output)
+        self.notifier.status("reading dataset")
+        facts = await asyncio.to_thread(job.describe, cfg, self.shard, self.output)
+        # A new job (no journal of any layout): every row pending, so the space check can
+        # refuse now. A resumed or resharded one is checked once its journal is read.
+        self.fresh = not paths.shard_dirs(self.output)
+        if self.fresh and not cfg.no_space_check:
+            status = bytearray(facts.lines)
+            for i in facts.blank:
+                status[i] = SKIPPED
+            args = (cfg, facts, self.shard, self.output, status)
+            await asyncio.to_thread(spacecheck.check_space, *args)
+        return facts
+
+    def _check_row_folders(self, identity: diskguard.OutputIdentity) -> None:
+        """The job's row folders are real folders, and those holding samples the journal
+        says are saved exist (exit 4 naming the first that is not); they are remembered."""
+        ids = range(self.shard.index, len(self.status), self.shard.count)
+        names = [paths.rows_dir(g) for g in range(0, len(self.status), paths.GROUP_SIZE)]
+        saved = {paths.rows_dir(i) for i in ids if self.status[i] == SAVED}
+        problem = identity.rows.adopt(names, saved)
+        if problem:
+            raise Fatal(EXIT_OUTPUT, problem)
 
     def _begin(self, opened: Opened) -> Pipeline:
         """The ledger from the journal's replay, the pipeline around it, and the inbox open
@@ -291,6 +329,8 @@ class Daemon:
             total=facts.total,
             session=session,
             pid=os.getpid(),
+            pid_start=locks.start_time(os.getpid()),
+            boot_id=locks.boot_id(),
             host=socket.gethostname(),
             socket=sock,
             already_saved=saved,

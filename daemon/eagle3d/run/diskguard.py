@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from eagle3d.core.envfault import name
 from eagle3d.core.pauses import Probe, ProbeResult
+from eagle3d.store.rowdirs import RowDirs
 
 _PROBE_BYTES = 4096
 #: The journal's reserve: a small file beside it, given back on a full disk so that the
@@ -25,12 +26,14 @@ RESERVE_BYTES = 64 << 10
 
 
 class OutputIdentity:
-    """The identity (device, inode) of the output directory, the shard's journal directory
-    and the journal's current segment, as opened; :meth:`check` compares them with what is
-    at their paths now. Thread-safe (commit threads check before each batch)."""
+    """The identity (device, inode) of the output directory, the shard's journal directory,
+    the journal's current segment and every row folder a committed file lives in
+    (:attr:`rows`), as opened; :meth:`check` compares them with what is at their paths now.
+    Thread-safe (commit threads check before each batch)."""
 
     def __init__(self, output: str, journal_dir: str, segment: Callable[[], tuple[str, int]]):
         self.output = output
+        self.rows = RowDirs(output)
         self.journal_dir = journal_dir
         self._segment = segment  # (path, fd) of the segment being appended to
         self._fds: dict[str, int] = {}
@@ -54,7 +57,7 @@ class OutputIdentity:
                 problem = self._check_dir(path, what)
                 if problem:
                     return problem
-            return self._check_segment()
+            return self._check_segment() or self.rows.check()
 
     def _check_dir(self, path: str, what: str) -> str:
         try:
@@ -93,6 +96,7 @@ class OutputIdentity:
         return ""
 
     def close(self) -> None:
+        self.rows.close()
         with self._lock:
             for fd in self._fds.values():
                 with contextlib.suppress(OSError):
@@ -144,7 +148,7 @@ class Reserve:
 
     def make(self) -> None:
         try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
             try:
                 os.posix_fallocate(fd, 0, RESERVE_BYTES)
             finally:

@@ -65,7 +65,7 @@ def describe(cfg: config.JobConfig, shard: Shard, output: str) -> JobFacts:
     try:  # pinned first: the rows are counted, and later read, from what was hashed
         pinned = pin.take(cfg.dataset)
         fmt = dataformats.detect(cfg.dataset)
-        lines, blank_ids = dataformats.count(cfg.dataset, fmt, pinned)
+        lines, blank_ids = dataformats.count(cfg.dataset, fmt, pinned, cfg.max_line_bytes)
     except pin.DatasetChanged as e:
         raise Fatal(EXIT_FINGERPRINT, f"{e}; the run did not start") from e
     blank = [i for i in blank_ids if shard.owns(i)]

@@ -13,7 +13,7 @@ import os
 import socket
 from collections.abc import Iterator
 
-from eagle3proto import paths
+from eagle3proto import locks, paths
 
 from eagle3d.exitcodes import EXIT_INPUT, EXIT_LOCKED, EXIT_OUTPUT, Fatal
 
@@ -46,11 +46,11 @@ def check_dataset(dataset: str) -> str:
 @contextlib.contextmanager
 def layout_lock(output: str) -> Iterator[None]:
     """Held while the shard layout is checked and this shard's journal is created."""
-    os.makedirs(paths.state_dir(output), exist_ok=True)
+    make_dirs(paths.state_dir(output))
     fd = os.open(
         os.path.join(paths.state_dir(output), "layout.lock"),
-        os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
-        0o644,
+        os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+        LOCK_MODE,
     )
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -59,10 +59,43 @@ def layout_lock(output: str) -> Iterator[None]:
         os.close(fd)
 
 
+#: A lock file: the owner's alone (an flock needs only a descriptor: whoever can open the
+#: file can hold it).
+LOCK_MODE = 0o600
+#: A folder eagle3d makes: the owner's; the group may read; others nothing.
+DIR_MODE = 0o750
+
+
+def make_dirs(path: str) -> None:
+    """``os.makedirs`` with :data:`DIR_MODE` for every folder it makes (not only the last)."""
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent) and parent != path:
+        make_dirs(parent)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, DIR_MODE)
+
+
+def check_output_reachable(output: str) -> None:
+    """Before anything is written: the output (or the folder it would be made in) is a
+    folder this process may write to, on a writable filesystem. Writes nothing."""
+    p = os.path.abspath(output)
+    while not os.path.lexists(p) and os.path.dirname(p) != p:
+        p = os.path.dirname(p)
+    why = ""
+    if not os.path.isdir(p):
+        why = os.strerror(errno.ENOTDIR)
+    elif os.statvfs(p).f_flag & os.ST_RDONLY:
+        why = os.strerror(errno.EROFS)
+    elif not os.access(p, os.W_OK | os.X_OK):
+        why = os.strerror(errno.EACCES)
+    if why:
+        raise Fatal(EXIT_OUTPUT, f"output {output}: not writable ({why})")
+
+
 def check_output(output: str) -> None:
     """The output directory exists (or is created) and accepts a file."""
     try:
-        os.makedirs(output, exist_ok=True)
+        make_dirs(output)
         probe = os.path.join(output, f".eagle3d-write-probe-{os.getpid()}")
         with open(probe, "wb") as f:
             f.write(b"x")
@@ -82,19 +115,17 @@ class ShardLock:
         self.fd = -1
 
     def acquire(self) -> None:
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        make_dirs(os.path.dirname(self.path))
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(self.path, flags, LOCK_MODE)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
-            owner = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"
             os.close(fd)
             if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise Fatal(
-                    EXIT_LOCKED,
-                    f"another eagle3d ({owner}) is running this shard; lock {self.path}",
-                ) from e
+                raise Fatal(EXIT_LOCKED, f"{lock_holder_words(self.path)}; lock {self.path}") from e
             raise
+        os.fchmod(fd, LOCK_MODE)  # one made 0644 by an older version: the owner's alone now
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
         self.fd = fd
@@ -105,6 +136,16 @@ class ShardLock:
                 fcntl.flock(self.fd, fcntl.LOCK_UN)
             os.close(self.fd)
             self.fd = -1
+
+
+def lock_holder_words(path: str) -> str:
+    """Who holds the lock at ``path``, from ``/proc/locks`` (never from the file's text,
+    which names the last daemon, alive or not)."""
+    held = locks.holders(path)
+    if not held:
+        return "another process is running this shard"
+    who = ", ".join(locks.describe(p) for p in held)
+    return f"this shard's lock is held by {who}"
 
 
 def is_locked(path: str) -> bool:

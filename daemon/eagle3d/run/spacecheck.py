@@ -77,7 +77,7 @@ def fits_at_most(
     pending = sum(1 for i in rows if status[i] == PENDING)
     fmt = storedtype.get(facts.job.store_dtype)
     try:
-        each = sizing.file_bytes(cfg.max_length, facts.hidden_size, len(facts.layers), fmt)
+        each = sizing.file_bytes_at_most(cfg.max_length, facts.hidden_size, len(facts.layers), fmt)
     except Exception:  # a length past what one archive holds: the estimate decides
         return False
     most = pending * each + sizing.overhead_bytes(pending) + sizing.JOURNAL_FIXED

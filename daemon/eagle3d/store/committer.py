@@ -1,12 +1,14 @@
 """Validate a dump and commit it as a SpecForge-readable sample, atomically.
 
-Commit order per sample: write ``rows_*/.data_<idx>.ckpt.tmp-*`` in the final directory while
+Commit order per sample: write ``.data_<idx>.ckpt.tmp-*`` in the shard's staging folder
+(``.eagle3d/staging/shard-*``, on the output's filesystem) while
 computing the content checksum (in ``torch.save``'s format by :mod:`eagle3d.store.archive`, with
 direct I/O where the filesystem allows it, or by ``torch.save`` itself for samples of 4 GiB
-and more), fdatasync it, rename it to ``data_<idx>.ckpt``, fsync the directory. Only then
+and more), fdatasync it, rename it to ``rows_*/data_<idx>.ckpt``, fsync that directory. Only then
 may the caller append ``sample_saved`` to the journal. A crash at any instant leaves the
 sample either complete under its final name, or absent (a stray temp file is removed at the
-next start). :meth:`Committer.commit_many` does this for a batch, with one directory sync
+next start, which lists the staging folder only: at most what was committing, never the
+rows' folders). :meth:`Committer.commit_many` does this for a batch, with one directory sync
 per row directory for all of it.
 
 The states are written in the job's storage format (:mod:`eagle3d.remote.storedtype`): a dump that
@@ -31,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from eagle3proto import paths
 from eagle3proto.paths import TMP_MARK, sample_relpath
 
 from eagle3d.dumps.format import BadDump, Dump, read_dump
@@ -40,6 +43,7 @@ from eagle3d.store import archive as ckpt
 from eagle3d.store import fp8, splice
 from eagle3d.store.directio import DirectBuffer, flush_direct
 from eagle3d.store.reference import ChecksumWriter, save
+from eagle3d.store.rowdirs import RowDirs
 from eagle3d.store.validate import all_finite, validate
 
 log = logging.getLogger("eagle3d")
@@ -51,9 +55,12 @@ DIRECT_MAX = 256 << 20
 WRITERS = ("archive", "torch")
 
 
-# A temp file written and not yet synced: (descriptor, temp path, directory, final name,
-# relpath, size, checksum).
-_Temp = tuple[int, str, str, str, str, int, str]
+#: The mode of a sample file: the owner's; the group may read (under the umask).
+FILE_MODE = 0o640
+
+# A temp file written and not yet synced: (descriptor, temp name, the row folder's
+# descriptor, final name, relpath, size, checksum).
+_Temp = tuple[int, str, int, str, str, int, str]
 
 
 class CommitError(OSError):
@@ -79,8 +86,11 @@ class Committer:
         store: StoreFormat | None = None,
         writer: str = "archive",
         splice: bool = True,
+        rows: RowDirs | None = None,
+        staging: str = "",
     ) -> None:
-        """``writer``: ``archive`` (own writer, direct I/O, the ``splice`` fast path from dump
+        """``staging``: the folder temp files are written in (default
+        ``OUTPUT/.eagle3d/staging/shard-0-of-1``); ``writer``: ``archive`` (own writer, direct I/O, the ``splice`` fast path from dump
         files; ``splice=False`` for its A/B) or ``torch`` (``torch.save``, the reference)."""
         if writer not in WRITERS:
             raise ValueError(f"writer must be one of {', '.join(WRITERS)}, not {writer!r}")
@@ -88,12 +98,15 @@ class Committer:
         self.splice = splice and writer == "archive"
         self.output = output
         os.makedirs(output, exist_ok=True)  # here, once: never again under a running job
+        # Row folders by descriptor, never through a link (store.rowdirs).
+        self.rows = rows if rows is not None else RowDirs(output)
+        self.staging = staging or paths.staging_dir(output, paths.Shard())
+        os.makedirs(self.staging, exist_ok=True)
         self.store = store
         # Samples are written with O_DIRECT where the filesystem allows it (see
         # write_direct); the first refusal switches to buffered writes for good.
         self.direct = direct
         self._local = threading.local()
-        self._dirs: set[str] = set()
         self._lock = threading.Lock()
         self._n = itertools.count()
 
@@ -109,40 +122,24 @@ class Committer:
         load(save(x))
         all_finite(x["x"])
 
-    def clean_temp_files(self, relpaths: list[str]) -> int:
-        """Remove stray temp files in the row directories of ``relpaths`` (no tree walk)."""
+    def clean_temp_files(self) -> int:
+        """Remove the temp files a crash left in the staging folder (the one folder listed:
+        it holds at most what was committing)."""
         removed = 0
-        for d in sorted({os.path.dirname(p) for p in relpaths}):
-            full = os.path.join(self.output, d)
-            try:
-                names = os.listdir(full)
-            except FileNotFoundError:
-                continue
-            for name in names:
-                if TMP_MARK in name and name.startswith("."):
-                    os.unlink(os.path.join(full, name))
-                    removed += 1
+        for name in os.listdir(self.staging):
+            if TMP_MARK in name and name.startswith("."):
+                _unlink_quietly(os.path.join(self.staging, name))
+                removed += 1
         return removed
 
-    def _ensure_dir(self, rel_dir: str) -> str:
-        full = os.path.join(self.output, rel_dir)
-        with self._lock:
-            if rel_dir in self._dirs:
-                return full
-            # mkdir, never makedirs: an output removed or moved under the run must not be
-            # made again here (ENOENT tells the daemon it is gone).
-            try:
-                os.mkdir(full, 0o755)
-                _fsync_dir(self.output)  # make the new directory entry itself durable
-            except FileExistsError:
-                pass
-            self._dirs.add(rel_dir)
-        return full
+    def _ensure_dir(self, rel_dir: str) -> int:
+        """The row folder's descriptor (made relative to the output's: an output removed
+        or moved under the run is never made again; ENOENT tells the daemon it is gone)."""
+        return self.rows.open(rel_dir)
 
     def forget_dirs(self) -> None:
         """Check the row directories again (one was removed under the run)."""
-        with self._lock:
-            self._dirs.clear()
+        self.rows.forget()
 
     def commit(
         self,
@@ -207,24 +204,24 @@ class Committer:
                 os.close(fd)
                 _unlink_quietly(tmp)
             raise
-        staged: list[tuple[int, str, str, str, str, int, str]] = []
+        staged: list[tuple[int, str, int, str, str, int, str]] = []
         for k, fd, tmp, full_dir, name, rel, size, checksum in written:
             try:
                 os.fdatasync(fd)
             except OSError as e:
-                _unlink_quietly(tmp)
+                _unlink_quietly(tmp, full_dir)
                 out[k] = _error(idxs[k], e)
                 continue
             finally:
                 os.close(fd)
             faults.kill_point("after_tmp_write")
             staged.append((k, tmp, full_dir, name, rel, size, checksum))
-        by_dir: dict[str, list[int]] = {}
+        by_dir: dict[int, list[int]] = {}
         for k, tmp, full_dir, name, rel, size, checksum in staged:
             try:
-                os.rename(tmp, os.path.join(full_dir, name))
+                os.rename(tmp, name, src_dir_fd=full_dir, dst_dir_fd=full_dir)
             except OSError as e:
-                _unlink_quietly(tmp)
+                _unlink_quietly(tmp, full_dir)
                 out[k] = _error(idxs[k], e)
                 continue
             faults.kill_point("after_rename")
@@ -232,7 +229,7 @@ class Committer:
             out[k] = Committed(rel, size, checksum)
         for full_dir, ks in by_dir.items():
             try:
-                _fsync_dir(full_dir)
+                os.fsync(full_dir)
             except OSError as e:
                 for k in ks:
                     out[k] = _error(idxs[k], e)
@@ -284,14 +281,15 @@ class Committer:
         rel_dir, name = os.path.split(rel)
         try:
             full_dir = self._ensure_dir(rel_dir)
-            tmp = os.path.join(full_dir, f".{name}{TMP_MARK}{os.getpid()}-{next(self._n)}")
+            # In the staging folder (absolute: the row folder's descriptor is the rename's).
+            tmp = os.path.join(self.staging, f".{name}{TMP_MARK}{os.getpid()}-{next(self._n)}")
             direct = self.direct and direct_ok
-            fd = self._open_temp(tmp, direct)
+            fd = self._open_temp(tmp, full_dir, direct)
             try:
                 size, checksum = write(fd, direct and self.direct)
             except BaseException:
                 os.close(fd)
-                _unlink_quietly(tmp)
+                _unlink_quietly(tmp, full_dir)
                 raise
         except OSError as e:
             raise _error(idx, e) from e
@@ -371,16 +369,16 @@ class Committer:
 
         return self._new_temp(idx, fits and _nbytes(payload) <= DIRECT_MAX, write)
 
-    def _open_temp(self, tmp: str, direct: bool) -> int:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+    def _open_temp(self, tmp: str, dir_fd: int, direct: bool) -> int:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         if direct:
             try:
-                return os.open(tmp, flags | os.O_DIRECT, 0o644)
+                return os.open(tmp, flags | os.O_DIRECT, FILE_MODE, dir_fd=dir_fd)
             except OSError as e:
                 if e.errno != errno.EINVAL:
                     raise
                 self._no_direct(f"open: {e}")  # no direct I/O here (an older kernel's tmpfs)
-        return os.open(tmp, flags, 0o644)
+        return os.open(tmp, flags, FILE_MODE, dir_fd=dir_fd)
 
     def _write_archive(self, fd: int, payload: dict[str, Any], direct: bool) -> ckpt.Written:
         if direct:
@@ -410,14 +408,6 @@ def _error(idx: int, e: OSError) -> CommitError:
     return CommitError(e.errno or 5, f"commit of sample {idx} failed: {e.strerror or e}")
 
 
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _unlink_quietly(path: str) -> None:
+def _unlink_quietly(path: str, dir_fd: int | None = None) -> None:
     with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
+        os.unlink(path, dir_fd=dir_fd)

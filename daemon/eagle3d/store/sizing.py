@@ -60,6 +60,20 @@ def file_bytes(tokens: int, hidden: int, n_layers: int, fmt: StoreFormat) -> int
     return ckpt.plan(spec).total
 
 
+#: Bytes per element of a stored state, by the safetensors code of its dtype.
+_ITEMSIZE = {"F32": 4, "BF16": 2, "F16": 2, "F8_E4M3": 1, "F8_E5M2": 1}
+
+
+def file_bytes_at_most(tokens: int, hidden: int, n_layers: int, fmt: StoreFormat) -> int:
+    """A bound on :func:`file_bytes` that imports nothing (no torch): the start's space
+    check runs before anything is written and before the workers start, and must not
+    delay them by torch's import. Every tensor at its size, 8-byte ids and mask, fp8's
+    scales as 4 bytes per token and state, and 64 KiB for the archive's own bytes."""
+    item = _ITEMSIZE.get(fmt.safetensors, 4)
+    per_token = 16 + (1 + n_layers) * hidden * item + (4 * (1 + n_layers) if fmt.scaled else 0)
+    return tokens * per_token + (64 << 10)
+
+
 def overhead_bytes(samples: int) -> int:
     """What the job writes beside its sample files for ``samples`` samples."""
     return samples * (JOURNAL_PER_SAMPLE + DIRENT_PER_SAMPLE)

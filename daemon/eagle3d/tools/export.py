@@ -38,6 +38,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,7 +48,7 @@ from eagle3proto.fileops import OsFileOps
 
 from eagle3d.remote import faults
 from eagle3d.store import catalog
-from eagle3d.store.crc import file_checksum
+from eagle3d.store.crc import fd_checksum
 from eagle3d.tools import exporters
 
 _FS = OsFileOps()  # the directory fsync, as the journal does it
@@ -83,6 +84,7 @@ class ExportReport:
     committed: int = 0
     exported: int = 0  # by this run
     already: int = 0  # by earlier runs, unchanged since
+    linked: int = 0  # of ``exported``: hard links to the job's own files (same bytes)
     bytes_written: int = 0
     problems: list[str] = field(default_factory=list)
     refused: str = ""  # why nothing was done (usage): exit 2
@@ -105,6 +107,7 @@ class ExportReport:
             "committed": self.committed,
             "exported": self.exported,
             "already": self.already,
+            "linked": self.linked,
             "bytes": self.bytes_written,
             "source_finished": self.finished_source,
             "problems": self.problems,
@@ -118,7 +121,8 @@ class ExportReport:
         lines = [
             f"eagle3d export {self.output} -> {self.to} ({self.format})",
             f"  {self.committed} committed sample(s): {self.exported} exported now, "
-            f"{self.already} by an earlier run; {self.bytes_written / 1e9:.2f} GB written",
+            f"{self.already} by an earlier run; {self.bytes_written / 1e9:.2f} GB written"
+            + (f" ({self.linked} hard-linked: the job's own bytes)" if self.linked else ""),
         ]
         if not self.finished_source:
             lines.append("  the job is not finished: export again once it is, for the rest")
@@ -160,9 +164,17 @@ class Manifest:
         os.close(self.fd)
 
 
-def export(output: str, to: str, fmt: str, model: str = "") -> ExportReport:
+def export(
+    output: str,
+    to: str,
+    fmt: str,
+    model: str = "",
+    progress: Callable[[ExportReport, int, float], None] | None = None,
+) -> ExportReport:
     """Export ``output`` into ``to`` in format ``fmt`` (see the module's docstring).
-    ``model``: the target model directory (speculators' final norm), default the job's."""
+    ``model``: the target model directory (speculators' final norm), default the job's;
+    ``progress`` is called about once a second with the report, the samples to export and
+    the seconds so far."""
     out, dest = os.path.abspath(output), os.path.abspath(to)
     report = ExportReport(out, dest, fmt)
     try:
@@ -196,7 +208,7 @@ def export(output: str, to: str, fmt: str, model: str = "") -> ExportReport:
             return report
         manifest = Manifest(state)
         try:
-            _run(cat, exp, dest, manifest, report)
+            _run(cat, exp, dest, manifest, report, progress)
         finally:
             manifest.close()
     finally:
@@ -229,9 +241,8 @@ def _run(
     dest: str,
     manifest: Manifest,
     report: ExportReport,
+    progress: Callable[[ExportReport, int, float], None] | None = None,
 ) -> None:
-    from eagle3d.store.reader import load_sample
-
     entries = cat.entries
     report.committed = len(entries)
     todo = []
@@ -242,7 +253,12 @@ def _run(
         else:
             todo.append(e)
     next_k = max((d.k for d in manifest.done.values()), default=-1) + 1
+    link = exp.same_bytes(cat.job)
+    shown = t0 = time.monotonic()
     for start in range(0, len(todo), BATCH):
+        if progress is not None and time.monotonic() - shown >= 1.0:
+            shown = time.monotonic()
+            progress(report, len(todo), shown - t0)
         staged: list[tuple[str, str, Done]] = []  # (temp, final, record)
         dirs: set[str] = set()
         for e in todo[start : start + BATCH]:
@@ -255,21 +271,19 @@ def _run(
             k = old.k if old is not None else next_k
             if old is None:
                 next_k += 1
-            sample = load_sample(src)
             name = exp.target(e.idx, k)
             final = os.path.join(dest, name)
             os.makedirs(os.path.dirname(final), exist_ok=True)
             tmp = os.path.join(os.path.dirname(final), f".{os.path.basename(final)}.tmp")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-            try:
-                size, checksum = exp.write(fd, sample, e.idx)
-                os.fdatasync(fd)
-            finally:
-                os.close(fd)
-            rec = Done(idx=e.idx, k=k, name=name, size=size, checksum=checksum, source=e.checksum)
-            if exp.keeps_rows:
-                r = exporters.row(k, sample)
-                rec.ids, rec.mask = r.input_ids, r.loss_mask
+            if link and _link(src, tmp):
+                # The bytes as they are: the source's own inode, already durable.
+                rec = Done(
+                    idx=e.idx, k=k, name=name, size=e.bytes, checksum=e.checksum, source=e.checksum
+                )
+                report.linked += 1
+            else:
+                link = False  # another filesystem (or links refused): copies from here on
+                rec = _write(exp, src, tmp, e, k, name)
             staged.append((tmp, final, rec))
             dirs.add(os.path.dirname(final))
         for tmp, final, _ in staged:
@@ -286,12 +300,51 @@ def _run(
         _write_atomic(os.path.join(dest, name), data)
 
 
+def _write(
+    exp: exporters.Exporter, src: str, tmp: str, e: catalog.Entry, k: int, name: str
+) -> Done:
+    """Write sample ``e`` (the committed file ``src``) in the format at ``tmp``, synced."""
+    from eagle3d.store.reader import load_sample
+
+    sample = load_sample(src)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        size, checksum = exp.write(fd, sample, e.idx)
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+    rec = Done(idx=e.idx, k=k, name=name, size=size, checksum=checksum, source=e.checksum)
+    if exp.keeps_rows:
+        r = exporters.row(k, sample)
+        rec.ids, rec.mask = r.input_ids, r.loss_mask
+    return rec
+
+
+def _link(src: str, tmp: str) -> bool:
+    """Hard-link ``src`` at ``tmp`` (whatever was there replaced); False where the
+    filesystem will not (another device, no links)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    try:
+        os.link(src, tmp)
+    except OSError as e:
+        if e.errno in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP):
+            return False
+        raise
+    return True
+
+
 def _check_source(path: str, e: catalog.Entry) -> str:
     """'' when the committed file is what the journal recorded, else the problem."""
     try:
-        size, checksum = file_checksum(path)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         return f"sample {e.idx}: {e.path} is missing"
+    try:
+        size = os.fstat(fd).st_size
+        checksum = fd_checksum(fd) if size == e.bytes else ""
+    finally:
+        os.close(fd)
     if (size, checksum) != (e.bytes, e.checksum):
         return f"sample {e.idx}: {e.path} does not match the journal (eagle3d verify says more)"
     return ""
@@ -330,11 +383,34 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--model", default="", help="target model directory (default: the job's; speculators)"
     )
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="a progress line on stderr (default: when stderr is a terminal)",
+    )
     p.set_defaults(func=cmd_export)
 
 
+def _show(report: ExportReport, todo: int, seconds: float) -> None:
+    n = report.exported + len(report.problems)
+    rate = n / seconds if seconds > 0 else 0.0
+    left = (todo - n) / rate if rate > 0 else 0.0
+    line = (
+        f"export: {n:,}/{todo:,} samples  {report.bytes_written / 1e9:.2f} GB  "
+        f"{report.bytes_written / 1e6 / max(seconds, 1e-9):.0f} MB/s  {rate:.0f} samples/s  "
+        f"ETA {left:.0f} s"
+    )
+    tty = sys.stderr.isatty()
+    sys.stderr.write(("\r" + line + "\x1b[K") if tty else line + "\n")
+    sys.stderr.flush()
+
+
 def cmd_export(args: argparse.Namespace) -> int:
-    report = export(args.output, args.to, args.format, args.model)
+    show = args.progress if args.progress is not None else sys.stderr.isatty()
+    report = export(args.output, args.to, args.format, args.model, _show if show else None)
+    if show and sys.stderr.isatty():
+        sys.stderr.write("\n")
     if args.json:
         sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")
     else:

@@ -70,6 +70,11 @@ class Exporter:
     def target(self, idx: int, k: int) -> str:
         raise NotImplementedError
 
+    def same_bytes(self, job: Any) -> bool:
+        """Whether the job's own sample files are this format's files byte for byte (then
+        the export hard-links them instead of writing them again)."""
+        return False
+
     def write(self, fd: int, sample: dict[str, torch.Tensor], idx: int) -> tuple[int, str]:
         raise NotImplementedError
 
@@ -92,6 +97,15 @@ class SpecForge(Exporter):
 
     def target(self, idx: int, k: int) -> str:
         return paths.sample_relpath(idx)
+
+    def same_bytes(self, job: Any) -> bool:
+        # eagle3d's own bfloat16 EAGLE-3 files are SpecForge's record as it is.
+        return (
+            self.recipe.name == "eagle3"
+            and job is not None
+            and job.store_dtype == "bfloat16"
+            and (getattr(job, "recipe", "") or "eagle3") == "eagle3"
+        )
 
     def write(self, fd: int, sample: dict[str, torch.Tensor], idx: int) -> tuple[int, str]:
         if self.recipe.name == "eagle3":  # the order eagle3d's own files have

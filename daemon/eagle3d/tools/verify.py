@@ -1,11 +1,18 @@
 """``eagle3d verify``: check every committed sample against the journal.
 
-For each ``sample saved`` record of every shard journal under ``OUTPUT/.eagle3d``: the file
-exists, its size and checksum match the record, and it loads with the right keys, dtypes and
-shapes (fp8 files: their scales too, positive and finite), its states in the storage dtype
-of the session that saved it (``job.store_dtype``
-of its ``run_started``; journals from before that field are not checked for it). The output
-tree is never listed: the journal says what should exist.
+For each ``sample saved`` record that counts (the latest of its sample, no ``sample_invalid``
+after it) of every shard journal under ``OUTPUT/.eagle3d``: the file exists, and its size and
+checksum (CRC-32 over its bytes, nothing unpickled: the commit validated those bytes before
+it wrote them) match the record. ``--deep`` also loads it: the right keys, dtypes and shapes
+(fp8 files: their scales too, positive and finite), its states in the storage dtype of the
+session that saved it (``job.store_dtype`` of its ``run_started``; journals from before that
+field are not checked for it), and lists the row folders for files the journal does not
+know. Without ``--deep`` the output tree is never listed: the journal says what should exist.
+
+Streaming, so that a million samples cost what ten thousand do per sample: the journals are
+read twice (which record counts, in a few bytes a sample; then the checks, in journal order),
+at most ``--jobs`` x 4 files are in flight, and a progress line says where to resume from
+(``--since``). ``--sample N%`` checks the same N % of the samples every time.
 
 ``--repair`` journals each damaged or missing committed sample as ``sample_invalid`` in its
 shard's journal (its file, if any, moved aside under ``OUTPUT/.eagle3d/damaged/``, never
@@ -16,12 +23,17 @@ again. It takes the shard's lock: a daemon running that shard must be stopped fi
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from array import array
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from eagle3proto import events as ev
 from eagle3proto import layouts, paths
@@ -33,7 +45,7 @@ from eagle3d.exitcodes import Fatal
 from eagle3d.remote import storedtype
 from eagle3d.run.preflight import ShardLock
 from eagle3d.store import fp8
-from eagle3d.store.crc import file_checksum
+from eagle3d.store.crc import fd_checksum, file_checksum
 
 
 @dataclass(slots=True)
@@ -68,8 +80,9 @@ class VerifyReport:
     problems: list[str] = field(default_factory=list)
     #: sample id -> its problem, for the committed samples found damaged or missing
     damaged: dict[int, str] = field(default_factory=dict)
+    #: sample id -> its record, for the damaged or missing ones (what --repair journals)
     saved_records: dict[int, ev.SampleSaved] = field(default_factory=dict)
-    saved_by: dict[int, Shard] = field(default_factory=dict)  # the journal that saved each
+    saved_by: dict[int, Shard] = field(default_factory=dict)  # the journal that saved each of those
     repaired: list[str] = field(default_factory=list)  # what --repair did
     repair_error: str = ""
 
@@ -236,31 +249,38 @@ def _check_tensors(path: str, rec: ev.SampleSaved, store_dtype: str) -> str | No
 
 
 class _ShardFold:
-    """Folds one shard's journal into what verify needs."""
+    """Pass 1 over one shard's journal: which ``sample_saved`` record of each sample counts
+    (the latest, unless a ``sample_invalid`` followed it), in arrays of a few bytes a sample
+    (no record is kept), and the shard's counts."""
 
-    def __init__(self, sr: ShardReport, problems: list[str]) -> None:
+    def __init__(self, sr: ShardReport, problems: list[str], ordinal: int, index: _Index) -> None:
         self.sr = sr
         self.problems = problems
-        self.saved: dict[int, ev.SampleSaved] = {}
-        self.failed: set[int] = set()
-        self.store = ""  # the storage dtype of the session being read
-        self.stores: dict[int, str] = {}  # idx -> the storage dtype it was saved in
+        self.ordinal = ordinal
+        self.index = index
+        self.failed = bytearray()  # 1: the latest record says failed for good
+        self.stores: set[str] = set()  # storage dtypes of the sessions that saved samples
+        self.store = ""
 
     def sink(self, batch: list[ev.AnyEvent]) -> None:
+        index = self.index
         for e in batch:
             if isinstance(e, ev.SampleSaved):
-                if e.idx in self.saved:
+                if index.owned_by(e.idx, self.ordinal):
                     self.problems.append(f"sample {e.idx}: saved twice in {self.sr.shard}")
-                self.saved[e.idx] = e
-                self.stores[e.idx] = self.store
-                self.failed.discard(e.idx)
+                    self.sr.saved -= 1
+                elif index.owner(e.idx):
+                    self.problems.append(f"sample {e.idx}: saved by more than one shard")
+                index.set(e.idx, self.ordinal, e.seq)
+                self.sr.saved += 1
+                self.stores.add(self.store)
+                self._failed(e.idx, False)
             elif isinstance(e, ev.SampleInvalid):  # repaired: no longer saved, redone
-                self.saved.pop(e.idx, None)
+                if index.owned_by(e.idx, self.ordinal):
+                    index.set(e.idx, 0, -1)
+                    self.sr.saved -= 1
             elif isinstance(e, ev.SampleFailed):  # the latest record of a sample wins
-                if e.retry:
-                    self.failed.discard(e.idx)
-                else:
-                    self.failed.add(e.idx)
+                self._failed(e.idx, not e.retry)
             elif isinstance(e, ev.RunStarted):
                 self.sr.total = e.total
                 self.sr.finished = False
@@ -269,55 +289,247 @@ class _ShardFold:
             elif isinstance(e, ev.RunFinished):
                 self.sr.finished = True
 
+    def _failed(self, idx: int, yes: bool) -> None:
+        f = self.failed
+        if idx >= len(f):
+            if not yes:
+                return
+            f.extend(bytes(idx + 1 - len(f) + (len(f) >> 1)))
+        f[idx] = yes
 
-def verify(output: str, *, quick: bool = False, jobs: int = 4) -> VerifyReport:
-    """Verify an output directory (all shards)."""
+    def count_failed(self) -> int:
+        """Failed for good and not saved since."""
+        index = self.index
+        return sum(1 for i, v in enumerate(self.failed) if v and not index.owner(i))
+
+
+class _Index:
+    """Sample id -> (shard ordinal, seq of the ``sample_saved`` record that counts): 10
+    bytes a sample, grown as ids appear."""
+
+    def __init__(self) -> None:
+        self._owner = array("H")
+        self._seq = array("q")
+
+    def _grow(self, idx: int) -> None:
+        n = idx + 1 - len(self._owner)
+        if n > 0:
+            n = max(n, len(self._owner) >> 1)
+            self._owner.frombytes(bytes(2 * n))
+            self._seq.frombytes(bytes(8 * n))
+
+    def set(self, idx: int, ordinal: int, seq: int) -> None:
+        self._grow(idx)
+        self._owner[idx] = ordinal
+        self._seq[idx] = seq
+
+    def owner(self, idx: int) -> int:
+        return self._owner[idx] if idx < len(self._owner) else 0
+
+    def owned_by(self, idx: int, ordinal: int) -> bool:
+        return self.owner(idx) == ordinal
+
+    def counts(self, idx: int, ordinal: int, seq: int) -> bool:
+        """Is this record the one that counts for sample ``idx``?"""
+        return self.owner(idx) == ordinal and self._seq[idx] == seq
+
+
+def sampled(idx: int, percent: float) -> bool:
+    """The deterministic ``--sample`` choice: the same ids every time for one percentage."""
+    return percent >= 100 or (idx * 2654435761) % 10_000 < percent * 100
+
+
+@dataclass(slots=True)
+class Options:
+    """How ``verify`` checks: ``quick`` (sizes only), ``deep`` (tensors loaded as well, and
+    the row folders listed for files the journal does not know), ``since`` (only samples
+    saved at or after this Unix time), ``sample`` (this percentage of the samples)."""
+
+    quick: bool = False
+    deep: bool = False
+    jobs: int = 4
+    since: float = 0.0
+    sample: float = 100.0
+    progress: Callable[[Progress], None] | None = None
+
+
+@dataclass(slots=True)
+class Progress:
+    files: int
+    total: int  # files to check (an upper bound with --sample)
+    bytes: int
+    seconds: float
+    last_ts: float  # saved-at time of the newest sample checked: where --since resumes
+
+
+def verify(
+    output: str, *, quick: bool = False, jobs: int = 4, options: Options | None = None
+) -> VerifyReport:
+    """Verify an output directory (all shards), streaming: the journals are read twice (what
+    counts, then what to check, in journal order), at most ``jobs * 4`` files are in flight,
+    and nothing is kept per sample beyond a few bytes (:class:`_Index`)."""
+    opts = options or Options(quick=quick, jobs=jobs)
     report = VerifyReport(os.path.abspath(output))
-    saved: dict[int, ev.SampleSaved] = {}
-    stores: dict[int, str] = {}
-    shards: list[tuple[Shard, ShardReport]] = []
-    for shard, jdir in paths.shard_dirs(output):
+    index = _Index()
+    shards = paths.shard_dirs(output)
+    folds: list[tuple[Shard, str, _ShardFold]] = []
+    for ordinal, (shard, jdir) in enumerate(shards, start=1):
         sr = ShardReport(shard.name)
-        shards.append((shard, sr))
-        fold = _ShardFold(sr, report.problems)
+        fold = _ShardFold(sr, report.problems, ordinal, index)
         rep = replay(jdir, fold.sink)
         sr.journal_problems = [p.describe() for p in rep.problems]
         sr.journal_fatal = rep.stopped_early
         if rep.stopped_early:
             report.problems.extend(f"{shard.name} journal: {p}" for p in sr.journal_problems)
-        shard_saved, failed = fold.saved, fold.failed
-        for idx in shard_saved:
-            if not shard.owns(idx):
-                report.problems.append(
-                    f"sample {idx}: saved by {shard.name}, which does not own it"
-                )
-            if idx in saved:
-                report.problems.append(f"sample {idx}: saved by more than one shard")
-        saved.update(shard_saved)
-        report.saved_by.update(dict.fromkeys(shard_saved, shard))
-        stores.update(fold.stores)
-        sr.store_dtype = ", ".join(sorted({fold.stores[i] for i in shard_saved} - {""}))
-        sr.saved = len(shard_saved)
-        sr.failed = len(failed - set(shard_saved))
+        sr.store_dtype = ", ".join(sorted(fold.stores - {""}))
+        folds.append((shard, jdir, fold))
         report.shards.append(sr)
-    current = layouts.current_count((s.count, r.started_ts) for s, r in shards)
-    for s, r in shards:
+    for _shard, _jdir, fold in folds:
+        fold.sr.failed = fold.count_failed()
+    current = layouts.current_count((s.count, f.sr.started_ts) for s, _, f in folds)
+    for s, _, f in folds:
         if s.count != current and current:
-            r.closed_by = current
-    records = sorted(saved.values(), key=lambda r: r.idx)
-    with ThreadPoolExecutor(max(1, jobs)) as pool:
-        for rec, problem in zip(
-            records,
-            pool.map(lambda r: check_sample(output, r, quick, stores[r.idx]), records),
-            strict=True,
-        ):
-            report.checked += 1
-            report.bytes_checked += rec.bytes
-            if problem:
-                report.problems.append(problem)
-                report.damaged[rec.idx] = problem
-    report.saved_records = saved
+            f.sr.closed_by = current
+    total = sum(f.sr.saved for _, _, f in folds)
+    checker = _Checker(output, opts, report, total)
+    with checker:
+        for ordinal, (shard, jdir, _fold) in enumerate(folds, start=1):
+            replay(jdir, functools.partial(checker.feed, shard, ordinal, index))
+    if opts.deep:
+        report.problems.extend(_unknown_files(output, index))
     return report
+
+
+class _Checker:
+    """Pass 2: the records that count go to a pool of ``jobs`` threads through a bounded
+    window; results are taken in order (the report's problems are in journal order)."""
+
+    def __init__(self, output: str, opts: Options, report: VerifyReport, total: int) -> None:
+        self.output = output
+        self.opts = opts
+        self.report = report
+        self.total = total
+        self.store = ""
+        self.window: deque[tuple[ev.SampleSaved, Shard, Future[str | None]]] = deque()
+        self.limit = max(1, opts.jobs) * 4
+        self.pool = ThreadPoolExecutor(max(1, opts.jobs), thread_name_prefix="verify")
+        self.t0 = time.monotonic()
+        self.shown = self.t0
+        self.last_ts = 0.0
+
+    def __enter__(self) -> _Checker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        while self.window:
+            self._take()
+        self.pool.shutdown()
+        self._show(force=True)
+
+    def feed(self, shard: Shard, ordinal: int, index: _Index, batch: list[ev.AnyEvent]) -> None:
+        opts = self.opts
+        for e in batch:
+            if isinstance(e, ev.RunStarted):
+                self.store = e.job.store_dtype
+            if not isinstance(e, ev.SampleSaved) or not index.counts(e.idx, ordinal, e.seq):
+                continue
+            if not shard.owns(e.idx):
+                self.report.problems.append(
+                    f"sample {e.idx}: saved by {shard.name}, which does not own it"
+                )
+            if e.ts < opts.since or not sampled(e.idx, opts.sample):
+                continue
+            if len(self.window) >= self.limit:
+                self._take()
+            store = self.store
+            self.window.append((e, shard, self.pool.submit(self._check, e, store)))
+
+    def _check(self, rec: ev.SampleSaved, store: str) -> str | None:
+        if self.opts.deep:
+            return check_sample(self.output, rec, False, store)
+        return check_bytes(self.output, rec, self.opts.quick)
+
+    def _take(self) -> None:
+        rec, shard, fut = self.window.popleft()
+        problem = fut.result()
+        report = self.report
+        report.checked += 1
+        report.bytes_checked += rec.bytes
+        self.last_ts = max(self.last_ts, rec.ts)
+        if problem:
+            report.problems.append(problem)
+            report.damaged[rec.idx] = problem
+            report.saved_records[rec.idx] = rec
+            report.saved_by[rec.idx] = shard
+        self._show()
+
+    def _show(self, force: bool = False) -> None:
+        if self.opts.progress is None:
+            return
+        now = time.monotonic()
+        if not force and now - self.shown < 1.0:
+            return
+        self.shown = now
+        r = self.report
+        self.opts.progress(
+            Progress(r.checked, self.total, r.bytes_checked, now - self.t0, self.last_ts)
+        )
+
+
+def check_bytes(output: str, rec: ev.SampleSaved, quick: bool = False) -> str | None:
+    """A committed sample's path, size and (unless ``quick``) checksum against its record:
+    the bytes only, nothing unpickled (what ``verify`` does unless ``--deep``)."""
+    path = os.path.join(output, rec.path)
+    if rec.path != paths.sample_relpath(rec.idx):
+        return f"sample {rec.idx}: journal path {rec.path} is not {paths.sample_relpath(rec.idx)}"
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return f"sample {rec.idx}: {rec.path} is missing"
+    try:
+        size = os.fstat(fd).st_size
+        if size != rec.bytes:
+            return f"sample {rec.idx}: {rec.path} has {size} bytes, journal says {rec.bytes}"
+        if quick:
+            return None
+        checksum = fd_checksum(fd)
+    finally:
+        os.close(fd)
+    if checksum != rec.checksum:
+        return f"sample {rec.idx}: {rec.path} checksum {checksum}, journal says {rec.checksum}"
+    return None
+
+
+def _unknown_files(output: str, index: _Index) -> list[str]:
+    """``--deep``: list the row folders (the only listing of the tree anywhere) for files
+    the journal does not know: samples it does not count as saved, temp files an older
+    version left beside them."""
+    out: list[str] = []
+    try:
+        names = sorted(os.listdir(output))
+    except FileNotFoundError:
+        return out
+    for d in names:
+        if not d.startswith("rows_"):
+            continue
+        for name in sorted(os.listdir(os.path.join(output, d))):
+            rel = f"{d}/{name}"
+            if name.startswith(".") and paths.TMP_MARK in name:
+                out.append(f"{rel}: a temp file left by a crash (safe to remove)")
+                continue
+            idx = _sample_id(name)
+            if idx is None or paths.sample_relpath(idx) != rel:
+                out.append(f"{rel}: not a sample file of eagle3d")
+            elif not index.owner(idx):
+                out.append(f"{rel}: sample {idx} is not saved in any journal")
+    return out
+
+
+def _sample_id(name: str) -> int | None:
+    stem = name.removeprefix("data_").removesuffix(paths.SAMPLE_SUFFIX)
+    if stem == name or not stem.isdigit():
+        return None
+    return int(stem)
 
 
 def repair(report: VerifyReport) -> None:
@@ -378,16 +590,43 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "verify",
         help="check every committed sample against the journal",
         description="Check each sample the journal says is saved: present, size and checksum "
-        "match, tensors load with the right shapes. Exit 0 only if all is consistent "
-        "(1: a problem was found, or repaired; 2: no journal under --output; 3: every sample "
-        "failed, nothing was saved). "
+        "match (--deep: tensors load with the right shapes too). Exit 0 only if all is "
+        "consistent (1: a problem was found, or repaired; 2: no journal under --output; 3: "
+        "every sample failed, nothing was saved). "
         "--repair journals damaged or missing samples as invalid (files moved aside to "
         "OUTPUT/.eagle3d/damaged/, never deleted); the next `eagle3d run` redoes them.",
     )
     p.add_argument("--output", "-o", required=True, help="output directory of a job")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
-    p.add_argument("--quick", action="store_true", help="sizes only: skip checksums and loads")
-    p.add_argument("--jobs", type=int, default=4, help="files checked in parallel")
+    p.add_argument("--quick", action="store_true", help="sizes only: skip checksums")
+    p.add_argument(
+        "--deep",
+        action="store_true",
+        help="also load every sample's tensors (keys, shapes, dtypes, fp8 scales), and list "
+        "the row folders for files the journal does not know (the only listing of the tree)",
+    )
+    p.add_argument(
+        "--since",
+        type=_since,
+        default=0.0,
+        metavar="TIME",
+        help="only samples saved at or after TIME (Unix seconds or ISO 8601, e.g. the "
+        "'resume with --since' time an interrupted verify printed)",
+    )
+    p.add_argument(
+        "--sample",
+        type=_percent,
+        default=100.0,
+        metavar="N%",
+        help="check N%% of the samples (the same ones each time): a quick spot check",
+    )
+    p.add_argument("--jobs", type=int, default=8, help="files checked in parallel")
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="a progress line on stderr (default: when stderr is a terminal)",
+    )
     p.add_argument(
         "--repair",
         action="store_true",
@@ -406,8 +645,65 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=cmd_verify)
 
 
+def _since(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        from datetime import datetime
+
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--since {text!r}: not Unix seconds nor an ISO 8601 time"
+        ) from None
+
+
+def _percent(text: str) -> float:
+    try:
+        v = float(text.removesuffix("%"))
+    except ValueError:
+        v = -1.0
+    if not 0 < v <= 100:
+        raise argparse.ArgumentTypeError(f"--sample {text!r}: a percentage in (0, 100]")
+    return v
+
+
+def progress_line(stream: Any) -> Callable[[Progress], None]:
+    """Writes ``verify``'s progress to ``stream``: files, GB, MB/s, ETA, and the time to
+    resume from with ``--since`` if it is stopped."""
+    tty = stream.isatty()
+
+    def show(p: Progress) -> None:
+        rate = p.bytes / p.seconds if p.seconds > 0 else 0.0
+        files_s = p.files / p.seconds if p.seconds > 0 else 0.0
+        left = (p.total - p.files) / files_s if files_s > 0 and p.total > p.files else 0.0
+        since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(p.last_ts)) if p.last_ts else "-"
+        line = (
+            f"verify: {p.files:,}/{p.total:,} files  {p.bytes / 1e9:.2f} GB  "
+            f"{rate / 1e6:.0f} MB/s  {files_s:.0f} files/s  ETA {left:.0f} s  "
+            f"(resume with --since {since})"
+        )
+        stream.write(("\r" + line + "\x1b[K") if tty else line + "\n")
+        stream.flush()
+
+    return show
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
-    report = verify(args.output, quick=args.quick, jobs=args.jobs)
+    show = args.progress if args.progress is not None else sys.stderr.isatty()
+    opts = Options(
+        quick=args.quick,
+        deep=args.deep,
+        jobs=args.jobs,
+        since=args.since,
+        sample=args.sample,
+        progress=progress_line(sys.stderr) if show else None,
+    )
+    report = verify(args.output, options=opts)
+    if show and sys.stderr.isatty():
+        sys.stderr.write("\n")
     if args.repair and report.damaged:
         repair(report)
     ref = None
