@@ -61,7 +61,9 @@ def make_plan(
 
     _, blank_ids = dataformats.count(cfg.dataset, facts.fmt)
     shards = [Shard(i, own.count) for i in range(own.count)]
-    found = estimate(cfg, facts, shards, output, blank=set(blank_ids), sample=sample, seed=seed)
+    found = estimate(
+        cfg, facts, shards, output, blank=set(blank_ids), sample=sample, seed=seed, progress=True
+    )
     return plan_report(
         cfg, facts, output, found, len(blank_ids), own if own.count > 1 else None, t0
     )
