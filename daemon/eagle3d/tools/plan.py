@@ -52,7 +52,7 @@ def make_plan(
     """The plan of a job: every shard of its shard count, the verdict for its own shard
     when it has more than one (``--shard I/N``, or Slurm's or torchrun's variables)."""
     t0 = time.monotonic()
-    check_model(cfg.model)
+    check_model(cfg.model, weights=False)  # plan loads no weights
     check_dataset(cfg.dataset)
     own = cfg.shard_spec()
     output = os.path.abspath(cfg.output)
