@@ -37,3 +37,17 @@ def test_a_broken_model_folder_is_refused_before_anything_is_written(
     assert "Traceback" not in r.stderr and missing in r.stderr, r.stderr[-2000:]
     assert "sentencepiece" not in r.stderr
     assert not out.exists()
+
+
+@pytest.mark.parametrize("content", ["", "\n\n  \n"])
+def test_an_empty_dataset_is_refused_the_same_way(
+    tiny_model_dir: Path, tmp_path: Path, content: str
+) -> None:
+    data = tmp_path / "data.jsonl"
+    data.write_text(content)
+    out = tmp_path / "out"
+    r = run(tiny_model_dir, data, out, timeout=60)
+    assert r.returncode == 3, r.stderr[-2000:]
+    assert "empty (no rows, only blank lines)" in r.stderr and "Traceback" not in r.stderr
+    assert "already finished" not in r.stderr
+    assert not out.exists()

@@ -62,12 +62,23 @@ def check_dataset(dataset: str) -> str:
     if not os.path.isfile(dataset):
         raise Fatal(EXIT_INPUT, f"dataset {dataset}: not found")
     try:
-        return detect(dataset).name
+        fmt = detect(dataset)
+        if not _has_a_row(dataset, fmt):
+            raise Fatal(EXIT_INPUT, f"dataset {dataset}: empty (no rows, only blank lines)")
+        return fmt.name
     except DatasetError as e:
         hint = "" if HINT in str(e) else f"; {HINT}"
         raise Fatal(EXIT_INPUT, f"dataset {dataset}: {e}{hint}") from e
     except OSError as e:
         raise Fatal(EXIT_INPUT, f"dataset {dataset}: unreadable ({e.strerror})") from e
+
+
+def _has_a_row(dataset: str, fmt: object) -> bool:
+    """Whether the dataset has a row that is not blank (stops at the first one)."""
+    from eagle3d.ingest.dataformats import Format, iter_rows
+
+    assert isinstance(fmt, Format)
+    return any(not isinstance(row, bytes) or row.strip() for _, row in iter_rows(dataset, fmt))
 
 
 @contextlib.contextmanager
