@@ -284,8 +284,9 @@ def test_the_journal_carries_the_resolved_dtype_and_a_resume_with_another_is_ref
 def test_verify_checks_each_sample_against_its_sessions_dtype(
     tiny_model_dir: Path, data: Path, tmp_path: Path
 ) -> None:
-    """A run stored in float32 (asked), stopped, then forced on in bfloat16: each file
-    is checked against the dtype of the session that saved it, and the report says both."""
+    """A run stored in float32 (asked), stopped, then forced on in bfloat16 (an output from
+    before the capture contract): each file is checked against the dtype of the session
+    that saved it, and the report says both."""
     out = tmp_path / "out"
     # One sample per batch and a rest after each, so that the stop comes mid-run.
     slow = [
@@ -310,6 +311,13 @@ def test_verify_checks_each_sample_against_its_sessions_dtype(
     assert len(saved_idx(out)) < 8
     r = run(tiny_model_dir, data, out)
     assert r.returncode == 6 and "store_dtype: 'float32' -> 'bfloat16'" in r.stderr
+    # The capture contract never lets the stored dtype change, even forced: what a file
+    # means would change with it.
+    r = run(tiny_model_dir, data, out, "--force-resume")
+    assert r.returncode == 6 and "store_dtype 'float32'" in r.stderr, r.stderr
+    # An output started before the contract existed has none: forced, it may mix dtypes,
+    # and verify must then hold each file to its own session's.
+    (out / ".eagle3d" / "capture.json").unlink()
     r = run(tiny_model_dir, data, out, "--force-resume")
     assert r.returncode == 0, r.stderr
     assert [s.job.store_dtype for s in _started(out)] == ["float32", "bfloat16"]

@@ -221,7 +221,7 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
         "--dataset",
         help="dataset file: JSONL (.jsonl, .jsonl.gz, .jsonl.zst), a JSON array, or parquet",
     )
-    a("--output", help="output directory")
+    a("--output", "-o", help="output directory")
     a(
         "--backend",
         choices=("hf", "sglang", "synthetic"),
@@ -263,7 +263,13 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
         help="target layer ids, distinct: the states entering those layers (Hugging Face"
         " output_hidden_states[i]); default: the recipe's",
     )
-    a("--aux-layers", type=_layers, dest="aux_layers", metavar="A,B,C", help="= --layers")
+    a(
+        "--aux-layers",
+        type=_layers,
+        dest="aux_layers",
+        metavar="A,B,C",
+        help="the old name of --layers (default: the recipe's)",
+    )
     a(
         "--draft-config",
         dest="draft_config",
@@ -279,7 +285,11 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
         " else 0/1); N may change between runs (docs/slurm.md)",
     )
     a("--dump-dir", dest="dump_dir", help="where producers drop dumps (default /dev/shm/...)")
-    a("--socket", help="Unix socket for live subscribers")
+    a(
+        "--socket",
+        help="Unix socket for live subscribers (default: $RUNTIME_DIRECTORY, else"
+        " $XDG_RUNTIME_DIR/eagle3d/, else beside the journal)",
+    )
     a(
         "--concurrency",
         type=int,
@@ -287,7 +297,14 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
         " running batch is not counted, so its batcher always chooses from this many",
     )
     a("--max-attempts", type=int, dest="max_attempts", help="attempts per sample (default 3)")
-    a("--request-timeout", type=float, dest="request_timeout", metavar="S")
+    a(
+        "--request-timeout",
+        type=float,
+        dest="request_timeout",
+        metavar="S",
+        help="seconds an attempt may take at the producer before it counts as failed and is"
+        " retried (default 600)",
+    )
     a(
         "--batch-tokens",
         type=int,
@@ -307,7 +324,11 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
         help="torch threads in each HF worker (default, or 0: automatic: the CPUs divided among"
         " the workers)",
     )
-    a("--device", choices=("auto", "cpu", "cuda"))
+    a(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        help="where the HF workers run (default auto: cuda when a GPU is visible, else cpu)",
+    )
     a(
         "--dtype",
         choices=("auto", "float32", "bfloat16", "float16"),

@@ -151,7 +151,7 @@ class Daemon:
         """The checks, the lock, the job's facts, the journal replayed and open. Every check
         that can refuse a new job runs before anything is written under the output."""
         cfg = self.cfg
-        preflight.check_model(cfg.model)
+        preflight.check_model(cfg.model, weights=cfg.backend == "hf")
         preflight.check_dataset(cfg.dataset)
         facts = await self._refusals()
         preflight.check_output(self.output)

@@ -66,6 +66,7 @@ def estimate(
     sample: int = sizing.DEFAULT_SAMPLE,
     seed: int = 0,
     status: bytearray | None = None,
+    progress: bool = False,
 ) -> tuple[list[ShardPlan], int, bool, float]:
     """Tokenize the remaining rows of ``shards`` (of one shard count; all rows, or a
     uniform sample of ``sample`` of them) and scale up. Returns (per-shard plans, rows
@@ -73,7 +74,7 @@ def estimate(
     from transformers import AutoTokenizer
 
     from eagle3d.ingest.chat import ChatEncoder
-    from eagle3d.ingest.dataformats import BadSample, iter_rows, parse_row
+    from eagle3d.ingest.dataformats import BadSample, iter_rows, parse_row, unit
 
     fmt = storedtype.get(facts.job.store_dtype)
     plans, pending = [], {}
@@ -90,20 +91,81 @@ def estimate(
     if chosen:
         tok = AutoTokenizer.from_pretrained(cfg.model)
         enc = ChatEncoder(tok, max_length=cfg.max_length, on_overflow=cfg.on_overflow)
+    by_shard = {sp.shard: sp for sp in plans}
+    shown = _Progress(len(chosen) if progress else 0)
     for idx, raw in rows_iter:
         if idx not in chosen:
             continue
+        sp = by_shard[Shard(idx % count, count)]
         try:
-            t = len(enc.encode(parse_row(idx, raw)).input_ids)
-        except BadSample:
+            tok_ = enc.encode(parse_row(idx, raw))
+            t = len(tok_.input_ids)
+            if tok_.truncated:
+                sp.over += 1
+                sp.dropped += tok_.full_length - t
+        except BadSample as bad:
             t = 0  # never saved: a 0-byte sample
+            _count_bad(sp, bad, unit(facts.fmt))
         b = sizing.file_bytes(t, facts.hidden_size, n_layers, fmt) if t else 0
-        tallies[Shard(idx % count, count)].add(t, b)
+        tallies[sp.shard].add(t, b)
+        shown.step()
+    shown.done()
     for sp in plans:
         sp.estimate = sizing.scale(tallies[sp.shard], len(pending[sp.shard]))
+        _scale_rows(sp, tallies[sp.shard].rows, len(pending[sp.shard]))
     tokens = sum(t.tokens for t in tallies.values())
     per_token = sum(t.bytes for t in tallies.values()) / tokens if tokens else 0.0
     return plans, len(chosen), sampled, per_token
+
+
+#: The first invalid rows a plan names.
+FIRST_INVALID = 5
+
+
+def _count_bad(sp: ShardPlan, bad: Exception, word: str) -> None:
+    from eagle3d.ingest.dataformats import BadSample
+
+    assert isinstance(bad, BadSample)
+    if bad.error == "too_long":
+        sp.over += 1
+        sp.skipped += 1
+        return
+    sp.invalid += 1
+    if len(sp.first_invalid) < FIRST_INVALID:
+        bad.unit = word
+        sp.first_invalid.append(f"{bad} [{bad.error}]")
+
+
+def _scale_rows(sp: ShardPlan, tallied: int, rows: int) -> None:
+    """A sample's row counts scaled up to every remaining row."""
+    if not tallied or tallied == rows:
+        return
+    f = rows / tallied
+    sp.invalid, sp.over = round(sp.invalid * f), round(sp.over * f)
+    sp.skipped, sp.dropped = round(sp.skipped * f), round(sp.dropped * f)
+
+
+class _Progress:
+    """``plan: read 12,000 / 40,000 rows`` on stderr every few seconds while it reads."""
+
+    EVERY_S = 5.0
+
+    def __init__(self, total: int) -> None:
+        self.total, self.n = total, 0
+        self.t0 = self.last = time.monotonic()
+
+    def step(self) -> None:
+        self.n += 1
+        if self.total and self.n & 255 == 0:
+            now = time.monotonic()
+            if now - self.last >= self.EVERY_S:
+                self.last = now
+                log.info("plan: read %s / %s rows", f"{self.n:,}", f"{self.total:,}")
+
+    def done(self) -> None:
+        if self.total:
+            secs = time.monotonic() - self.t0
+            log.info("plan: read %s rows as the run will, in %.1f s", f"{self.n:,}", secs)
 
 
 def check_run(
@@ -152,6 +214,7 @@ def plan_report(
         reserve=sizing.parse_size(cfg.space_reserve, disk.total if disk else 0),
         bytes_per_token=per_token,
         problems=problems,
+        max_failed_fraction=cfg.max_failed_fraction,
         commit=pace.estimate(
             _cpus(),
             cfg.commit_thread_count(_cpus()),

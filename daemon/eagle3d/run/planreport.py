@@ -21,6 +21,12 @@ class ShardPlan:
     saved_bytes: int = 0
     failed: int = 0  # failed for good (not redone)
     note: str = ""  # the journal holds another job, ...
+    # What reading the remaining rows as the run will found (scaled up from a sample):
+    invalid: int = 0  # rows the run fails as the row's own fault (bad JSON, no turns, ...)
+    over: int = 0  # rows longer than max_length (truncated, or skipped)
+    skipped: int = 0  # of them, failed as too_long (--on-overflow skip)
+    dropped: int = 0  # tokens truncation drops
+    first_invalid: list[str] = field(default_factory=list)  # the first few, in words
 
 
 @dataclass(slots=True)
@@ -46,6 +52,24 @@ class PlanReport:
     bytes_per_token: float  # of the files, at this job's token counts
     problems: list[str] = field(default_factory=list)
     commit: pace.CommitPace | None = None  # the commit rate this machine's CPUs can hold
+    max_failed_fraction: float = 0.05  # the run's failure rule (exit 9 above it)
+
+    def _sum(self, key: str) -> int:
+        return sum(int(getattr(s, key)) for s in self.in_scope)
+
+    def row_problems(self) -> list[str]:
+        """The rows that will not be saved, in words: the first invalid ones, and whether
+        the run's failure rule will make it exit 9."""
+        out = [f"invalid: {w}" for s in self.in_scope for w in s.first_invalid][:5]
+        bad = self._sum("invalid") + self._sum("skipped")
+        left = sum(s.estimate.rows for s in self.in_scope)
+        if left and bad > self.max_failed_fraction * left:
+            out.append(
+                f"{bad:,} of {left:,} remaining rows will fail ({self._sum('invalid'):,} invalid,"
+                f" {self._sum('skipped'):,} skipped as too long): more than"
+                f" --max-failed-fraction {self.max_failed_fraction:g}, the run will exit 9"
+            )
+        return out
 
     @property
     def in_scope(self) -> list[ShardPlan]:
@@ -116,7 +140,11 @@ class PlanReport:
             "fits": self.fits,
             "exit_code": self.exit_code,
             "shards": [shard(s) for s in self.shards],
-            "problems": self.problems,
+            "rows_invalid": self._sum("invalid"),
+            "rows_over_max_length": self._sum("over"),
+            "rows_skipped": self._sum("skipped"),
+            "tokens_dropped": self._sum("dropped"),
+            "problems": [*self.row_problems(), *self.problems],
             "commit_bytes_per_s": round(self.commit.bytes_per_s) if self.commit else None,
             "commit_tokens_per_s": round(self.commit.tokens_per_s) if self.commit else None,
         }
@@ -162,7 +190,14 @@ class PlanReport:
         lines.append(f"  {what} writes {z(self.bytes)}{pm}; reserve {z(self.reserve)}")
         if self.commit is not None:
             lines.append(f"  {self.commit.describe()}")
-        lines.extend(f"  {p}" for p in self.problems)
+        over, dropped = self._sum("over"), self._sum("dropped")
+        if over:
+            cut = "skipped (too_long)" if self._sum("skipped") else "truncated"
+            lost = f", {dropped:,} tokens dropped" if dropped else ""
+            lines.append(f"  {over:,} rows longer than max_length {self.max_length}: {cut}{lost}")
+        if self._sum("invalid"):
+            lines.append(f"  {self._sum('invalid'):,} invalid rows (never saved)")
+        lines.extend(f"  {p}" for p in [*self.row_problems(), *self.problems])
         if self.disk is None:
             lines.append("  free space: unknown")
             lines.append("FITS? UNKNOWN")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import json
 import os
 import socket
 from collections.abc import Iterator
@@ -17,13 +18,39 @@ from eagle3proto import locks, paths
 
 from eagle3d.exitcodes import EXIT_INPUT, EXIT_LOCKED, EXIT_OUTPUT, Fatal
 
+#: Weight files a Hugging Face model folder has (one of them, or shards an index names).
+WEIGHTS = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+#: Tokenizer files a fast tokenizer loads from (one set of them).
+TOKENIZER_SETS = (("tokenizer.json",), ("tokenizer.model",), ("vocab.json", "merges.txt"))
 
-def check_model(model: str) -> None:
+
+def check_model(model: str, weights: bool = True) -> None:
+    """The model folder holds what the run loads, checked as metadata before anything is
+    written: ``config.json`` (valid JSON), the weights (``weights``: the HF backend loads
+    them; an SGLang server has its own) and the tokenizer's files. Names what is missing."""
     if not os.path.isdir(model):
         raise Fatal(EXIT_INPUT, f"model directory {model}: not found")
     cfg = os.path.join(model, "config.json")
     if not os.access(cfg, os.R_OK):
         raise Fatal(EXIT_INPUT, f"model directory {model}: no readable config.json")
+    try:
+        with open(cfg, "rb") as f:
+            json.loads(f.read())
+    except (ValueError, OSError) as e:
+        raise Fatal(EXIT_INPUT, f"model directory {model}: config.json unreadable: {e}") from e
+    names = set(os.listdir(model))
+    missing = []
+    if weights and not (names & set(WEIGHTS) or any(n.endswith(".safetensors") for n in names)):
+        missing.append("the weights (model.safetensors, *.safetensors or pytorch_model.bin)")
+    if not any(all(n in names for n in group) for group in TOKENIZER_SETS):
+        missing.append("the tokenizer (tokenizer.json, tokenizer.model, or vocab.json+merges.txt)")
+    if missing:
+        raise Fatal(EXIT_INPUT, f"model directory {model}: missing {' and '.join(missing)}")
 
 
 def check_dataset(dataset: str) -> str:
@@ -35,12 +62,23 @@ def check_dataset(dataset: str) -> str:
     if not os.path.isfile(dataset):
         raise Fatal(EXIT_INPUT, f"dataset {dataset}: not found")
     try:
-        return detect(dataset).name
+        fmt = detect(dataset)
+        if not _has_a_row(dataset, fmt):
+            raise Fatal(EXIT_INPUT, f"dataset {dataset}: empty (no rows, only blank lines)")
+        return fmt.name
     except DatasetError as e:
         hint = "" if HINT in str(e) else f"; {HINT}"
         raise Fatal(EXIT_INPUT, f"dataset {dataset}: {e}{hint}") from e
     except OSError as e:
         raise Fatal(EXIT_INPUT, f"dataset {dataset}: unreadable ({e.strerror})") from e
+
+
+def _has_a_row(dataset: str, fmt: object) -> bool:
+    """Whether the dataset has a row that is not blank (stops at the first one)."""
+    from eagle3d.ingest.dataformats import Format, iter_rows
+
+    assert isinstance(fmt, Format)
+    return any(not isinstance(row, bytes) or row.strip() for _, row in iter_rows(dataset, fmt))
 
 
 @contextlib.contextmanager

@@ -52,7 +52,7 @@ def make_plan(
     """The plan of a job: every shard of its shard count, the verdict for its own shard
     when it has more than one (``--shard I/N``, or Slurm's or torchrun's variables)."""
     t0 = time.monotonic()
-    check_model(cfg.model)
+    check_model(cfg.model, weights=False)  # plan loads no weights
     check_dataset(cfg.dataset)
     own = cfg.shard_spec()
     output = os.path.abspath(cfg.output)
@@ -61,7 +61,9 @@ def make_plan(
 
     _, blank_ids = dataformats.count(cfg.dataset, facts.fmt)
     shards = [Shard(i, own.count) for i in range(own.count)]
-    found = estimate(cfg, facts, shards, output, blank=set(blank_ids), sample=sample, seed=seed)
+    found = estimate(
+        cfg, facts, shards, output, blank=set(blank_ids), sample=sample, seed=seed, progress=True
+    )
     return plan_report(
         cfg, facts, output, found, len(blank_ids), own if own.count > 1 else None, t0
     )
