@@ -192,8 +192,8 @@ def _chromium() -> str:
     exe = shutil.which("chromium") or shutil.which("chromium-browser")
     if exe is None:
         if os.environ.get("CI"):
-            pytest.fail("chromium is missing: scripts/chromium installs it (Debian's package)")
-        pytest.skip("chromium not installed (scripts/chromium installs it)")
+            pytest.fail("chromium is missing: scripts/test_tools installs it (Debian's package)")
+        pytest.skip("chromium not installed (scripts/test_tools installs it)")
     return exe
 
 
