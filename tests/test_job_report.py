@@ -93,7 +93,8 @@ def test_report_tells_the_whole_story_of_a_resumed_job(resumed: dict[str, Any]) 
     for f in doc["failures"]:
         assert f"sample {f['idx']} (attempts {f['attempts']}): {f['message']}" in text
     assert "session 1:" in text and "(stopped: signal SIGTERM" in text
-    assert re.search(r"wall [0-9.]+ s, working [0-9.]+ s; .* over the working span", text), text
+    dur = r"[0-9.]+(?: [hm] [0-9.]+)*(?: [hm])? s"  # "7.87 s", "1 m 34 s"
+    assert re.search(rf"wall {dur}, working {dur}; .* over the working span", text), text
 
 
 def test_report_reads_a_running_job_without_disturbing_it(resumed: dict[str, Any]) -> None:
