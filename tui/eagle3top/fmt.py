@@ -14,23 +14,12 @@ import time
 from dataclasses import dataclass
 
 from eagle3proto import events as ev
-from eagle3proto.units import duration as duration  # re-exported: fmt.duration, fmt.rate
+from eagle3proto.units import duration as duration  # re-exported: fmt.duration, fmt.rate, fmt.size
 from eagle3proto.units import rate as rate
+from eagle3proto.units import size as size
 from eagle3proto.views import View
 
 _SPARK = "▁▂▃▄▅▆▇█"
-
-
-def size(n: float | None) -> str:
-    """Bytes with SI units (powers of 1000, like ``df -H`` and Rich's filesize)."""
-    if n is None:
-        return "—"
-    n = float(n)
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} PB"  # pragma: no cover
 
 
 def count(n: int) -> str:
