@@ -67,6 +67,18 @@ def boot_id() -> str:
         return ""
 
 
+def is_eagle3d(pid: int) -> bool:
+    """True when ``pid`` runs eagle3d (``python -m eagle3d ...`` or the ``eagle3d`` script)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().decode(errors="replace").split("\0")
+    except OSError:
+        return False
+    if "-m" in argv[:-1] and argv[argv.index("-m") + 1] == "eagle3d":
+        return True
+    return any(os.path.basename(a) == "eagle3d" for a in argv[:2])
+
+
 def describe(pid: int) -> str:
     """``pid 123 (python -m eagle3d run ...) of user 1000``, for messages."""
     try:

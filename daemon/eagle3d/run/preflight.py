@@ -183,7 +183,9 @@ def lock_holder_words(path: str) -> str:
     if not held:
         return "another process is running this shard"
     who = ", ".join(locks.describe(p) for p in held)
-    return f"this shard's lock is held by {who}"
+    if all(locks.is_eagle3d(p) for p in held):
+        return f"another eagle3d daemon is running this shard: {who}"
+    return f"this shard's lock is held by {who}, which is no eagle3d daemon"
 
 
 def is_locked(path: str) -> bool:
