@@ -41,3 +41,23 @@ def test_o_is_output_on_every_subcommand_with_an_output() -> None:
         env=ENV,
     )
     assert "unrecognized arguments" not in r.stderr and r.returncode != 0, r.stderr
+
+
+def _eagle3d(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "eagle3d", *args], capture_output=True, text=True, env=ENV
+    )
+
+
+def test_a_mistyped_option_names_the_subcommand_and_what_was_meant() -> None:
+    r = _eagle3d("run", "--model", "m", "--dataset", "d", "--ouput", "/tmp/x")
+    assert r.returncode == 2
+    assert r.stderr.startswith("usage: eagle3d run "), r.stderr
+    assert "unrecognized argument: --ouput (did you mean --output?)" in r.stderr, r.stderr
+    assert "/tmp/x" not in r.stderr.splitlines()[-1], r.stderr  # its value is not a second error
+    r = _eagle3d("verify", "-o", "/tmp/x", "--jsno")
+    assert r.returncode == 2 and r.stderr.startswith("usage: eagle3d verify "), r.stderr
+    assert "(did you mean --json?)" in r.stderr, r.stderr
+    r = _eagle3d("export", "-o", "/tmp/x", "--to", "/tmp/y", "--format", "specforge", "--xyzzy")
+    assert r.returncode == 2 and "unrecognized argument: --xyzzy" in r.stderr, r.stderr
+    assert "did you mean" not in r.stderr, r.stderr
