@@ -174,7 +174,9 @@ def write(output: str, mine: dict[str, Any]) -> None:
     p = path_of(output)
     if os.path.exists(p):
         return
-    tmp = p + ".tmp"
+    # A temp name of this process's own: the shards of one job start together and each
+    # writes the same contract.
+    tmp = f"{p}.{os.getpid()}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(mine, f, indent=1, sort_keys=True)
         f.write("\n")
