@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import signal
 import socket
 import subprocess
@@ -23,6 +22,7 @@ from typing import Any
 
 import pytest
 import runkit
+import sglang_real
 import torch
 
 HERE = Path(__file__).resolve().parent
@@ -42,27 +42,6 @@ def get(url: str, timeout: float = 2.0) -> tuple[int, str]:
             return r.status, r.read().decode()
     except OSError:
         return 0, ""
-
-
-def sglang_args(dump_dir: Path, model: Path) -> list[str]:
-    # --model-path: the hook then captures eagle3d's default layers for this model, which
-    # differ from SGLang's own [2, L//2, L-3] on a model of fewer than 7 layers (it repeats).
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "eagle3d",
-            "sglang-args",
-            "--dump-dir",
-            str(dump_dir),
-            "--model-path",
-            str(model),
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return shlex.split(out)
 
 
 class Supervisor:
@@ -151,7 +130,7 @@ def test_daemon_against_a_restarting_sglang_server(tiny_model_dir: Path, tmp_pat
     valid, malformed = runkit.dataset(data, 36)
     out = tmp_path / "out"
     dumps = Path(f"{out}.dumps")  # what runkit passes as --dump-dir
-    extra = [*sglang_args(dumps, tiny_model_dir), "--chunked-prefill-size", "96"]
+    extra = [*sglang_real.sglang_args(dumps, tiny_model_dir), "--chunked-prefill-size", "96"]
     sup = Supervisor(
         tiny_model_dir, free_port(), extra, tmp_path / "server.log", crashes=2, exit_after=10
     )
