@@ -109,3 +109,11 @@ def default_socket_path(output: str, shard: Shard, env: dict[str, str] | None = 
     if len(path.encode()) > MAX_SOCKET_PATH:
         path = os.path.join("/tmp", f"eagle3d-{name}")
     return path
+
+
+def start_beacon_name(output: str, shard: Shard) -> str:
+    """The Linux abstract-namespace socket a daemon serves while it starts (before its event
+    socket is up): it writes no file, so a start that is refused or stopped leaves nothing
+    under the output. A leading NUL is what makes a Unix socket address abstract."""
+    tag = hashlib.sha256(os.path.abspath(output).encode()).hexdigest()[:32]
+    return f"\0eagle3d-start/{tag}/{shard.name}"
