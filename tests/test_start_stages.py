@@ -243,3 +243,17 @@ def test_the_beacon_answers_once_and_live(tmp_path: Path) -> None:
     assert isinstance(live[-1], wire.Bye) and "event socket" in live[-1].reason, live
     with pytest.raises(OSError):  # closed: the name is gone
         client("once", 1)
+
+
+def test_a_shard_starting_on_a_new_output_is_found_by_its_beacon(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """No journal yet, and the daemon runs shard 1 of 2: the monitor finds that shard (from
+    the kernel's list of Unix sockets), not a placeholder shard 0 of 1."""
+    data, _ = _dataset(tmp_path)
+    out = tmp_path / "out"
+    with runkit.reaped(runkit.start(tiny_model_dir, data, out, "--shard", "1/2")) as proc:
+        seen = _poll(out, _reading, proc)
+        assert seen["label"] == "shard-1-of-2" and seen["source"] == "beacon", seen
+        assert _stop(proc, out) == 0
+    assert not out.exists()

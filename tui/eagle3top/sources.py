@@ -136,9 +136,9 @@ def discover(output: str | None, sock: str | None) -> list[Target]:
         return [Target(label=os.path.basename(sock or "") or "socket", socket=sock or "")]
     output = os.path.abspath(output)
     found = paths.shard_dirs(output)
-    if not found:
-        shard = paths.Shard(0, 1)
-        found = [(shard, paths.journal_dir(output, shard))]
+    if not found:  # no journal yet: the shards whose daemon is starting, else shard 0 of 1
+        shards = paths.starting_shards(output) or [paths.Shard(0, 1)]
+        found = [(shard, paths.journal_dir(output, shard)) for shard in shards]
     return [
         Target(
             label=shard.name,
