@@ -236,6 +236,7 @@ class Daemon:
         preflight.check_model(cfg.model, weights=cfg.backend == "hf")
         preflight.check_dataset(cfg.dataset)
         facts = await self._refusals()
+        self.stages.check()  # a signal before the first byte under the output: none written
         preflight.check_output(self.output)
         with preflight.layout_lock(self.output):
             # Again under the lock (a daemon of another layout may have won), and this
