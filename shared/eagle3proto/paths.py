@@ -109,3 +109,33 @@ def default_socket_path(output: str, shard: Shard, env: dict[str, str] | None = 
     if len(path.encode()) > MAX_SOCKET_PATH:
         path = os.path.join("/tmp", f"eagle3d-{name}")
     return path
+
+
+def start_beacon_name(output: str, shard: Shard) -> str:
+    """The Linux abstract-namespace socket a daemon serves while it starts (before its event
+    socket is up): it writes no file, so a start that is refused or stopped leaves nothing
+    under the output. A leading NUL is what makes a Unix socket address abstract."""
+    return f"\0{_beacon_prefix(output)}{shard.name}"
+
+
+def _beacon_prefix(output: str) -> str:
+    tag = hashlib.sha256(os.path.abspath(output).encode()).hexdigest()[:32]
+    return f"eagle3d-start/{tag}/"
+
+
+def starting_shards(output: str, proc_unix: str = "/proc/net/unix") -> list[Shard]:
+    """The shards of ``output`` whose daemon is starting (its start beacon listens), from
+    the kernel's list of Unix sockets; [] where that list cannot be read."""
+    want = "@" + _beacon_prefix(output)
+    try:
+        with open(proc_unix) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    found = set()
+    for line in lines:
+        name = line.rsplit(" ", 1)[-1]
+        m = _SHARD_RE.match(name[len(want) :]) if name.startswith(want) else None
+        if m:
+            found.add(Shard(int(m.group(1)), int(m.group(2))))
+    return sorted(found, key=lambda s: (s.count, s.index))

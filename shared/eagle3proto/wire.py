@@ -29,6 +29,19 @@ class Hello(msgspec.Struct, tag="hello", tag_field="kind", kw_only=True):
     client: str = ""
 
 
+class StartInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Where a daemon's start stands (its start beacon's snapshots only): the stage, since
+    when (wall seconds, from the daemon's monotonic clock), and the stage's progress."""
+
+    stage: str = ""  # "reading dataset big.jsonl", "checking the space", ...
+    detail: str = ""  # "120,000 rows, 107 MB of 188 MB (57 %)"
+    since: float = 0.0
+    rows: int = 0  # rows read (or sampled) so far
+    bytes_read: int = 0
+    bytes_total: int = 0  # 0: unknown
+    pid: int = 0
+
+
 class Snapshot(msgspec.Struct, tag="snapshot", tag_field="kind", kw_only=True):
     proto: int = PROTO
     shard_index: int = 0
@@ -36,6 +49,7 @@ class Snapshot(msgspec.Struct, tag="snapshot", tag_field="kind", kw_only=True):
     host: str = ""
     output: str = ""
     state: ShardState = msgspec.field(default_factory=ShardState)
+    start: StartInfo | None = None  # a start beacon's: the daemon is not up yet
 
 
 class Resync(msgspec.Struct, tag="resync", tag_field="kind", kw_only=True):

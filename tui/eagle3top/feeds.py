@@ -24,7 +24,7 @@ from eagle3proto import reducer, wire
 from eagle3proto.journalread import Follower, list_segments
 
 from .model import Row
-from .sources import SourceInfo, Target, daemon_alive, decode, read_journal
+from .sources import SourceInfo, Target, daemon_alive, decode, is_beacon, read_journal
 
 BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 15.0)
 #: How often a journal is re-read while its daemon is known to be down (nothing appends to
@@ -112,7 +112,7 @@ class Feed:
                     elif isinstance(m, wire.Snapshot):
                         got_snapshot = True
                         folded += 1
-                        row.state = m.state
+                        row.state, row.start = m.state, m.start
                         row.host = m.host or row.host
                         row.output = m.output or row.output
                         row.shard = f"shard-{m.shard_index}-of-{m.shard_count}"
@@ -121,8 +121,9 @@ class Feed:
                         row.error = ""
                         row.attempts = 0
                         row.retry_at = None
-                        if row.source in ("", "socket", "journal"):
-                            row.source, row.conn, row.alive = "socket", "live", True
+                        if row.source in ("", "socket", "journal", "beacon"):
+                            row.source = "socket" if m.start is None else "beacon"
+                            row.conn, row.alive = "live", True
                     elif isinstance(m, SourceInfo):
                         row.source = f"ssh/{m.mode}"
                         row.alive = m.alive
@@ -181,13 +182,15 @@ class LocalFeed(Feed):
             try:
                 reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(path), 2.0)
             except (OSError, TimeoutError) as e:
+                if is_beacon(path):
+                    continue  # no daemon is starting
                 errors.append(f"socket {path}: {getattr(e, 'strerror', None) or e}")
                 self.row.error = "; ".join(errors)
                 continue
             writer.write(wire.encode(wire.Hello(client="eagle3-top")))
             self.row.source = "socket"
             got = await self._session(reader, writer, writer.transport)  # type: ignore[arg-type]
-            if self.row.source == "socket":
+            if self.row.source in ("socket", "beacon"):
                 self.row.conn = "disconnected"
             return got
         return False
@@ -210,7 +213,7 @@ class LocalFeed(Feed):
                     assert self._jstate is not None
                     reducer.apply_all(self._jstate, new)
                     folded = len(new)
-                row.state = self._jstate
+                row.state, row.start = self._jstate, None
                 row.source, row.conn = "journal", "journal"
                 row.alive = daemon_alive(t.lock, self._jstate) if t.lock else None
                 self._changed(folded)
@@ -221,6 +224,7 @@ class LocalFeed(Feed):
                 # The words --once uses for the same situation.
                 if t.jdir and not row.error.startswith("no journal"):
                     row.error = f"no journal at {t.jdir}" + (f"; {row.error}" if row.error else "")
+                    row.error += "; not started"
             left = end - loop.time()
             if left <= 0 or await self._sleep(min(every, left)):
                 return

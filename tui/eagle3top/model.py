@@ -30,7 +30,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from eagle3proto import layouts
+from eagle3proto import layouts, wire
 from eagle3proto.reducer import ShardState
 from eagle3proto.views import (
     SILENT_AFTER_S,
@@ -109,6 +109,8 @@ class Row:
     #: the shard count that took over this journal's rest (0: its layout is the current one;
     #: set by :func:`mark_layouts`)
     closed_by: int = 0
+    #: a starting daemon's stage, from its start beacon (None: not from a beacon)
+    start: wire.StartInfo | None = None
     #: the monitor's boot id and ``CLOCK_BOOTTIME`` when judged (:func:`stamp_clocks`):
     #: ages of a journal of this boot are boot-clock differences (:meth:`at`)
     boot_id: str = ""
@@ -209,10 +211,7 @@ def health(row: Row, now: float) -> Health:
         return Health("finished", OK, f"{s.saved:,} saved, {s.failed:,} failed")
     if row.alive is False:
         if s.state == "stopped":
-            why = s.state_reason or "stopped"
-            if s.stop_code:
-                return Health("stopped", CRITICAL, f"run failed (exit {s.stop_code}): {why}")
-            return Health("stopped", WARNING, f"{why}; resumable, {remaining:,} left")
+            return _stopped(s, remaining)
         newest = max(s.last_ts.values()) if s.last_ts else None
         gone = f" (last record {_since(now - newest)} ago)" if newest is not None else ""
         return Health("down", CRITICAL, f"daemon not running{gone}, {remaining:,} samples left")
@@ -253,6 +252,18 @@ def health(row: Row, now: float) -> Health:
     if s.producer == "restarting":
         return Health("running", OK, f"producer restarting: {s.producer_message}")
     return Health("running", OK, "")
+
+
+def _stopped(s: ShardState, remaining: int) -> Health:
+    """A stopped session whose daemon is gone: failed, not started, or resumable."""
+    why = s.state_reason or "stopped"
+    if s.stop_code:
+        return Health("stopped", CRITICAL, f"run failed (exit {s.stop_code}): {why}")
+    if not s.up_ts and s.saved == s.failed == 0:
+        # Stopped before its producer was up, and nothing was ever done: the job has not
+        # started (whatever its sessions count).
+        return Health("stopped", WARNING, f"not started: {remaining:,} left ({why}); resumable")
+    return Health("stopped", WARNING, f"{why}; resumable, {remaining:,} left")
 
 
 def _loading(s: ShardState, now: float) -> Health:

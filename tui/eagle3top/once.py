@@ -15,6 +15,7 @@ from typing import TextIO
 
 import msgspec
 from eagle3proto import events as ev
+from eagle3proto import wire
 from eagle3proto.views import View
 
 from . import fmt
@@ -113,6 +114,7 @@ class ShardDoc(Counts, kw_only=True):
     gpu_note: str
     error: str
     notes: list[str]
+    start: wire.StartInfo | None = None  # a starting daemon's stage (its start beacon)
 
 
 class OnceDoc(Counts, kw_only=True):
@@ -129,7 +131,7 @@ class OnceDoc(Counts, kw_only=True):
 
 
 def _counts(v: View, now: float) -> dict[str, object]:
-    eta = v.eta_s
+    eta = v.eta_s if v.total >= 0 else None  # no total yet (a start): no ETA
     # A frozen ETA has no finish time: nobody knows when the work resumes.
     finish = None if not eta or v.eta_frozen else round(now + eta, 1)
     return {
@@ -208,6 +210,7 @@ def build(rows: list[Row], now: float) -> tuple[OnceDoc, Report]:
                 gpu_note=stats.gpu_note if stats else "",
                 error=r.error,
                 notes=[*r.notes, *_clock_note(r)],
+                start=r.start,
                 **_counts(v, now),  # type: ignore[arg-type]
             )
         )

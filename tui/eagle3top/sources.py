@@ -91,7 +91,14 @@ class Target:
             d = paths.default_socket_path(self.output, self.shard)
             if d not in out:
                 out.append(d)
+            # Last: a daemon that is starting (its event socket not up yet) answers here.
+            out.append(paths.start_beacon_name(self.output, self.shard))
         return out
+
+
+def is_beacon(path: str) -> bool:
+    """Whether a socket candidate is a starting daemon's beacon (an abstract name)."""
+    return path.startswith("\0")
 
 
 def runtime_sockets(env: dict[str, str] | None = None) -> list[str]:
@@ -129,9 +136,9 @@ def discover(output: str | None, sock: str | None) -> list[Target]:
         return [Target(label=os.path.basename(sock or "") or "socket", socket=sock or "")]
     output = os.path.abspath(output)
     found = paths.shard_dirs(output)
-    if not found:
-        shard = paths.Shard(0, 1)
-        found = [(shard, paths.journal_dir(output, shard))]
+    if not found:  # no journal yet: the shards whose daemon is starting, else shard 0 of 1
+        shards = paths.starting_shards(output) or [paths.Shard(0, 1)]
+        found = [(shard, paths.journal_dir(output, shard)) for shard in shards]
     return [
         Target(
             label=shard.name,
@@ -296,12 +303,15 @@ def once_local(t: Target) -> Row:
         try:
             snap = fetch_socket(path)
         except (OSError, ConnectionError) as e:
+            if is_beacon(path) and isinstance(e, OSError):
+                continue  # no daemon is starting: nothing to say about an abstract name
             errors.append(
                 f"socket {path}: {e.strerror if isinstance(e, OSError) and e.strerror else e}"
             )
             continue
-        row.state = snap.state
-        row.source, row.alive, row.conn = "socket", True, "live"
+        row.state, row.start = snap.state, snap.start
+        row.source = "beacon" if snap.start is not None else "socket"
+        row.alive, row.conn = True, "live"
         row.host = snap.host or row.host
         row.output = snap.output or row.output
         return row
@@ -324,7 +334,10 @@ def once_local(t: Target) -> Row:
         return row
     row.error = "; ".join(errors) or "nothing to read"
     if t.jdir:
+        # Nothing is written under the output before a start passed its checks: a start
+        # stopped or refused before then leaves no journal, and no daemon is starting.
         row.error = f"no journal at {t.jdir}" + (f"; {row.error}" if errors else "")
+        row.error += "; not started"
     return row
 
 
@@ -367,7 +380,7 @@ def once_remote(host: str, remote_args: list[str], timeout: float = 20.0) -> Row
             if m.detail:
                 row.notes.append(m.detail)
         elif isinstance(m, wire.Snapshot):
-            row.state = m.state
+            row.state, row.start = m.state, m.start
             row.output = m.output
             row.shard = f"shard-{m.shard_index}-of-{m.shard_count}"
             row.label = f"{host} {row.shard}"

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import gzip
 import io
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -185,9 +185,15 @@ def _array(path: str, pin: Pin | None = None) -> list[msgspec.Raw]:
 
 
 def count(
-    path: str, fmt: Format, pin: Pin | None = None, max_line: int = MAX_LINE_BYTES
+    path: str,
+    fmt: Format,
+    pin: Pin | None = None,
+    max_line: int = MAX_LINE_BYTES,
+    progress: Callable[[int, int], object] | None = None,
 ) -> tuple[int, list[int]]:
-    """(rows, ids of blank lines) of the dataset: rows are the sample ids 0..rows-1."""
+    """(rows, ids of blank lines) of the dataset: rows are the sample ids 0..rows-1;
+    ``progress(rows, bytes)`` every few thousand lines of a JSONL file (bytes: of the lines
+    as read, after any decompression)."""
     if fmt.name == "json":
         return len(_array(path, pin)), []
     if fmt.name == "parquet":
@@ -195,11 +201,17 @@ def count(
 
         with _open_raw(path, pin) as f:
             return int(pq.ParquetFile(f).metadata.num_rows), []
-    n = 0
+    n = read = 0
     blank: list[int] = []
     for n, line in enumerate(_lines(path, fmt, pin, max_line), 1):
-        if isinstance(line, bytes) and not line.strip():
-            blank.append(n - 1)
+        if isinstance(line, bytes):
+            read += len(line) + 1
+            if not line.strip():
+                blank.append(n - 1)
+        else:
+            read += line.nbytes + 1
+        if progress is not None and n & 4095 == 0:
+            progress(n, read)
     return n, blank
 
 

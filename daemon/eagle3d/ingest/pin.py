@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 #: Bytes per pinned block: a hash of 8 bytes per MiB (800 KB for a 100 GB dataset).
@@ -66,9 +67,9 @@ def _digest(block: bytes) -> bytes:
     return hashlib.blake2b(block, digest_size=8).digest()
 
 
-def take(path: str) -> Pin:
-    """Pin the dataset at ``path``: read it whole once. Raises :class:`DatasetChanged` when
-    it changes while being read."""
+def take(path: str, progress: Callable[[int, int], object] | None = None) -> Pin:
+    """Pin the dataset at ``path``: read it whole once (``progress(bytes read, size)`` after
+    each block). Raises :class:`DatasetChanged` when it changes while being read."""
     whole = hashlib.blake2b(digest_size=16)
     blocks: list[bytes] = []
     with open(path, "rb", buffering=0) as f:
@@ -78,6 +79,8 @@ def take(path: str) -> Pin:
             whole.update(block)
             blocks.append(_digest(block))
             size += len(block)
+            if progress is not None:
+                progress(size, st.st_size)
         pin = Pin(
             os.path.abspath(path),
             st.st_dev,

@@ -14,6 +14,11 @@ it comes before them): the tick and the progress line, the producer (its workers
 what they hold), the dump watcher, the feeder, the commit threads (what runs is finished),
 the reaper, the socket, the run's own dump folder, the journal, the lock.
 
+From its first second the start says what it does (:mod:`eagle3d.run.stages`: a log line per
+stage, progress while the dataset is read and the space check samples it) and serves it to
+monitors on the start beacon (:mod:`eagle3d.serve.beacon`, an abstract Unix socket: no file)
+until the event socket is up; a signal during those reads ends the start at once.
+
 Every outside event reaches the loop thread through one :class:`~eagle3d.run.inbox.Inbox`,
 signals included (SIGTERM and SIGINT stop, SIGHUP probes a paused area now), and goes to the
 one dispatcher (:meth:`eagle3d.run.pipeline.Pipeline.dispatch`) from the journal's replay
@@ -31,8 +36,10 @@ import logging
 import os
 import signal
 import socket
+import threading
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
 from eagle3proto import events as ev
 from eagle3proto import locks, paths, reducer
@@ -44,7 +51,7 @@ from eagle3d.core import messages as m
 from eagle3d.core import reshard
 from eagle3d.core.resume import ResumeFold
 from eagle3d.core.sample import SAVED, SKIPPED
-from eagle3d.exitcodes import EXIT_INTERNAL, EXIT_OUTPUT, EXIT_PRODUCER, Fatal
+from eagle3d.exitcodes import EXIT_INTERNAL, EXIT_OK, EXIT_OUTPUT, EXIT_PRODUCER, Fatal
 from eagle3d.produce.base import Producer
 from eagle3d.produce.factory import make_producer, starting_words
 from eagle3d.remote import faults
@@ -63,13 +70,16 @@ from eagle3d.run.checkpoints import Checkpoints
 from eagle3d.run.inbox import Inbox, InboxMsg, ProducerPort, Signalled
 from eagle3d.run.pipeline import Pipeline
 from eagle3d.run.recorder import Recorder
+from eagle3d.run.stages import StartStages, StartStopped
 from eagle3d.run.ticker import Ticker
 from eagle3d.serve.notify import Notifier, WatchdogPolicy
 
 if TYPE_CHECKING:
+    from eagle3d.serve.beacon import StartBeacon
     from eagle3d.serve.server import EventServer
 
 Stack = contextlib.AsyncExitStack[bool | None]
+T = TypeVar("T")
 
 log = logging.getLogger("eagle3d")
 
@@ -91,23 +101,91 @@ class Daemon:
         self.exit_code = EXIT_INTERNAL
         self.pipeline: Pipeline | None = None  # from the journal's replay on
         self.server: EventServer | None = None
+        self.beacon: StartBeacon | None = None
         self.notifier = Notifier.from_env()
         self.watchdog = WatchdogPolicy.from_env()
+        self.stages = StartStages(self.notifier.status)  # what the start does, said
+        self.stopping = asyncio.Event()  # a signal came (SIGTERM, SIGINT)
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
         # Handlers first: a SIGTERM during the journal replay or the model load must still
         # end in a clean stop rather than Python's default of dying on the spot. What they
-        # put waits in the inbox until the ledger exists to judge it.
+        # put waits in the inbox until the ledger exists to judge it; the start's stages
+        # see it at once (a long read ends at its next step: StartStopped).
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.inbox.put, Signalled(sig))
+            loop.add_signal_handler(sig, self._signalled, sig)
         loop.add_signal_handler(signal.SIGHUP, self.inbox.put, m.Hangup())
         async with contextlib.AsyncExitStack() as stack:
             try:
+                await self._open_beacon(stack)
                 return await self._run(stack)
             except Fatal as e:
                 log.error("%s", e)
                 return e.code
+            except StartStopped as e:
+                return await self._stopped_starting(e)
+
+    def _signalled(self, sig: int) -> None:
+        self.stages.stop(signal.Signals(sig).name)
+        self.stopping.set()
+        self.inbox.put(Signalled(sig))
+
+    async def _reading(self, fn: Callable[..., T], *args: object) -> T:
+        """``fn(*args)`` (a read of the start: the dataset, the space check's sample) on a
+        thread of its own; a signal ends the wait at once with :class:`StartStopped`. What
+        it still reads is abandoned (it writes nothing; it ends at its next progress step,
+        or with the process: a daemon thread)."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        box: list[T] = []
+
+        def work() -> None:
+            try:
+                box.append(fn(*args))
+            except BaseException as e:  # handed to the loop, raised there
+                _settle(loop, done, e)
+            else:
+                _settle(loop, done, None)
+
+        threading.Thread(target=work, name="eagle3d-start", daemon=True).start()
+        stop = asyncio.create_task(self._signal())
+        await asyncio.wait({done, stop}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if not done.done():
+            done.cancel()  # what the thread still says is dropped
+            self.stages.check()  # the signal's StartStopped
+        done.result()  # the thread's exception, if it raised
+        return box[0]
+
+    async def _signal(self) -> None:
+        await self.stopping.wait()
+
+    async def _open_beacon(self, stack: Stack) -> None:
+        """The start beacon, from the first second until the event socket is up."""
+        from eagle3d.serve.beacon import StartBeacon
+
+        beacon = StartBeacon(
+            paths.start_beacon_name(self.output, self.shard),
+            lambda: self.stages.info(os.getpid()),
+            shard=self.shard,
+            output=self.output,
+            host=socket.gethostname(),
+        )
+        if await beacon.open():
+            self.beacon = beacon
+            stack.push_async_callback(beacon.close)
+
+    async def _stopped_starting(self, e: StartStopped) -> int:
+        """A signal during a stage of the start: before the ledger exists nothing was
+        journaled and the start ends here (exit 0, resumable); after, the ledger judged
+        the signal (through the inbox) and its exit code stands."""
+        if self.pipeline is None:
+            log.info("%s: stopping (nothing journaled; rerun to start)", e)
+            return EXIT_OK
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.finished.wait(), 5.0)
+        return self.exit_code if self.finished.is_set() else EXIT_OK
 
     async def _run(self, stack: Stack) -> int:
         """Open what the run needs, in order (each close on ``stack``), checking between
@@ -120,16 +198,19 @@ class Daemon:
         if self.finished.is_set():
             return self.exit_code
         where = Where(self.shard, self.output, self.jdir, p.dump_dir)
+        self.stages.begin(f"launching the producer ({self.cfg.backend})")
         producer = await self._launch(stack, opened, where)
         if not (self.cfg.no_space_check or self.fresh):  # a resumed job: what its journal left
-            self.notifier.status("checking the space the job needs")
-            args = (self.cfg, opened.facts, self.shard, self.output, self.status)
-            await asyncio.to_thread(spacecheck.check_space, *args)
+            self.stages.begin("checking the space the job needs")
+            args = (self.cfg, opened.facts, self.shard, self.output, self.status, self.stages)
+            await self._reading(spacecheck.check_space, *args)
         capture.write(self.output, opened.facts.capture or {})
         if self.finished.is_set():
             return self.exit_code
         sock = self._announce(opened, p)
         await self._start_server(stack, sock)
+        if self.beacon is not None:  # monitors find the event socket (or the journal) now
+            await self.beacon.close()
         if self.finished.is_set():
             return self.exit_code
         ticker = assemble(
@@ -166,9 +247,11 @@ class Daemon:
         """The checks, the lock, the job's facts, the journal replayed and open. Every check
         that can refuse a new job runs before anything is written under the output."""
         cfg = self.cfg
+        self.stages.begin(f"checking the model folder {cfg.model}")
         preflight.check_model(cfg.model, weights=cfg.backend == "hf")
         preflight.check_dataset(cfg.dataset)
         facts = await self._refusals()
+        self.stages.check()  # a signal before the first byte under the output: none written
         preflight.check_output(self.output)
         with preflight.layout_lock(self.output):
             # Again under the lock (a daemon of another layout may have won), and this
@@ -178,7 +261,7 @@ class Daemon:
             lock = preflight.ShardLock(paths.lock_path(self.output, self.shard))
             lock.acquire()
         stack.callback(lock.release)
-        self.notifier.status("reading the journal")
+        self.stages.begin(f"reading the journal {self.jdir}")
         self.status[:] = bytearray(facts.lines)
         # Every record reaches subscribers through the inbox, and the checkpoint writer.
         ckpts = Checkpoints(self.jdir, self.inbox.put)
@@ -224,17 +307,18 @@ class Daemon:
         cfg = self.cfg
         layout.check(self.output, self.shard, fold=False)
         preflight.check_output_reachable(self.output)
-        self.notifier.status("reading dataset")
-        facts = await asyncio.to_thread(job.describe, cfg, self.shard, self.output)
+        self.stages.begin(f"reading dataset {_described(cfg.dataset)}")
+        facts = await self._reading(job.describe, cfg, self.shard, self.output, self.stages)
         # A new job (no journal of any layout): every row pending, so the space check can
         # refuse now. A resumed or resharded one is checked once its journal is read.
         self.fresh = not paths.shard_dirs(self.output)
         if self.fresh and not cfg.no_space_check:
+            self.stages.begin("checking the space the job needs")
             status = bytearray(facts.lines)
             for i in facts.blank:
                 status[i] = SKIPPED
-            args = (cfg, facts, self.shard, self.output, status)
-            await asyncio.to_thread(spacecheck.check_space, *args)
+            args = (cfg, facts, self.shard, self.output, status, self.stages)
+            await self._reading(spacecheck.check_space, *args)
         return facts
 
     def _check_row_folders(self, identity: diskguard.OutputIdentity) -> None:
@@ -421,6 +505,33 @@ class Daemon:
         reducer.apply(self.state, e)
         if self.server is not None:
             self.server.publish(e)
+
+
+def _settle(
+    loop: asyncio.AbstractEventLoop, fut: asyncio.Future[None], error: BaseException | None
+) -> None:
+    """A thread's end to its future, on the loop (gone already: nobody waits)."""
+
+    def put() -> None:
+        if fut.done():
+            return
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(None)
+
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(put)
+
+
+def _described(path: str) -> str:
+    """``big.jsonl (188.29 MB)``: the dataset as its stage names it."""
+    from eagle3d.store.sizing import size
+
+    try:
+        return f"{os.path.basename(path)} ({size(os.path.getsize(path))})"
+    except OSError:
+        return os.path.basename(path)
 
 
 class ProducerStart:

@@ -10,6 +10,7 @@ import logging
 import os
 import random
 import time
+from collections.abc import Callable
 
 from eagle3proto.paths import Shard
 
@@ -67,10 +68,12 @@ def estimate(
     seed: int = 0,
     status: bytearray | None = None,
     progress: bool = False,
+    on_rows: Callable[[int, int], object] | None = None,
 ) -> tuple[list[ShardPlan], int, bool, float]:
     """Tokenize the remaining rows of ``shards`` (of one shard count; all rows, or a
-    uniform sample of ``sample`` of them) and scale up. Returns (per-shard plans, rows
-    tokenized, whether it was a sample, file bytes per token)."""
+    uniform sample of ``sample`` of them) and scale up (``on_rows(rows read, rows
+    tokenized)`` every few hundred rows). Returns (per-shard plans, rows tokenized, whether
+    it was a sample, file bytes per token)."""
     from transformers import AutoTokenizer
 
     from eagle3d.ingest.chat import ChatEncoder
@@ -89,11 +92,15 @@ def estimate(
     count, n_layers = shards[0].count, len(facts.layers)
     rows_iter = iter_rows(cfg.dataset, facts.fmt) if chosen else iter(())
     if chosen:
+        if on_rows is not None:  # the tokenizer's load takes seconds: said, and a stop seen
+            on_rows(0, 0)
         tok = AutoTokenizer.from_pretrained(cfg.model)
         enc = ChatEncoder(tok, max_length=cfg.max_length, on_overflow=cfg.on_overflow)
     by_shard = {sp.shard: sp for sp in plans}
     shown = _Progress(len(chosen) if progress else 0)
     for idx, raw in rows_iter:
+        if on_rows is not None and idx & 1023 == 0:
+            on_rows(idx, shown.n)
         if idx not in chosen:
             continue
         sp = by_shard[Shard(idx % count, count)]
@@ -169,12 +176,18 @@ class _Progress:
 
 
 def check_run(
-    cfg: config.JobConfig, facts: job.JobFacts, shard: Shard, output: str, status: bytearray
+    cfg: config.JobConfig,
+    facts: job.JobFacts,
+    shard: Shard,
+    output: str,
+    status: bytearray,
+    on_rows: Callable[[int, int], object] | None = None,
 ) -> PlanReport:
     """``eagle3d run``'s check at start: its own shard's remaining rows (``status``: the
     daemon's resume fold) against the output's free space."""
     t0 = time.monotonic()
-    found = estimate(cfg, facts, [shard], output, blank=set(facts.blank), status=status)
+    blank = set(facts.blank)
+    found = estimate(cfg, facts, [shard], output, blank=blank, status=status, on_rows=on_rows)
     return plan_report(cfg, facts, output, found, len(facts.blank), shard, t0)
 
 

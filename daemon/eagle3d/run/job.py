@@ -19,8 +19,11 @@ from eagle3d.remote import recipes, storedtype
 from eagle3d.run import capture
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from eagle3d.ingest.dataformats import Format
     from eagle3d.ingest.pin import Pin
+    from eagle3d.run.stages import StartStages
 
 #: JobInfo fields shown when a fingerprint differs (the fingerprint also covers the model).
 COMPARED = (
@@ -50,8 +53,11 @@ class JobFacts:
     inherited: int = 0  # rows of this shard another layout's journal settled: not in total
 
 
-def describe(cfg: config.JobConfig, shard: Shard, output: str) -> JobFacts:
-    """Read the model config and hash the dataset. Raises Fatal for impossible aux layers."""
+def describe(
+    cfg: config.JobConfig, shard: Shard, output: str, stages: StartStages | None = None
+) -> JobFacts:
+    """Read the model config and hash the dataset (its progress told to ``stages``, where
+    a signal ends it). Raises Fatal for impossible aux layers."""
     from eagle3d.ingest import dataformats, pin
 
     mcfg = config.model_config(cfg.model)
@@ -63,9 +69,10 @@ def describe(cfg: config.JobConfig, shard: Shard, output: str) -> JobFacts:
     except recipes.LayerError as e:
         raise Fatal(EXIT_CONFIG, f"{cfg.model}: {e}") from e
     try:  # pinned first: the rows are counted, and later read, from what was hashed
-        pinned = pin.take(cfg.dataset)
+        pinned = pin.take(cfg.dataset, _pinning(stages))
         fmt = dataformats.detect(cfg.dataset)
-        lines, blank_ids = dataformats.count(cfg.dataset, fmt, pinned, cfg.max_line_bytes)
+        counting = _counting(stages, pinned.size if fmt.name == "jsonl" else 0)
+        lines, blank_ids = dataformats.count(cfg.dataset, fmt, pinned, cfg.max_line_bytes, counting)
     except pin.DatasetChanged as e:
         raise Fatal(EXIT_FINGERPRINT, f"{e}; the run did not start") from e
     blank = [i for i in blank_ids if shard.owns(i)]
@@ -108,6 +115,20 @@ def describe(cfg: config.JobConfig, shard: Shard, output: str) -> JobFacts:
     contract = capture.contract(cfg, recipe, layers, source, store.name)
     hidden = int(mcfg["hidden_size"])
     return JobFacts(job, total, lines, hidden, layers, blank, fmt, pinned, contract)
+
+
+def _pinning(stages: StartStages | None) -> Callable[[int, int], object] | None:
+    if stages is None:
+        return None
+    return lambda done, total: stages.progress(done=done, total=total, what="pinning")
+
+
+def _counting(stages: StartStages | None, total: int) -> Callable[[int, int], object] | None:
+    """The rows counted; bytes of ``total`` (0 for a compressed file: its lines' bytes are
+    not the file's)."""
+    if stages is None:
+        return None
+    return lambda rows, done: stages.progress(rows, done, total, "counting rows")
 
 
 def check_fingerprint(last: ev.RunStarted | None, job: ev.JobInfo, force: bool, output: str) -> str:

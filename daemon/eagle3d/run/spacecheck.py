@@ -18,22 +18,41 @@ from eagle3d import config
 from eagle3d.core.sample import PENDING
 from eagle3d.exitcodes import EXIT_SPACE, Fatal
 from eagle3d.run import job
+from eagle3d.run.stages import StartStages, StartStopped
 
 log = logging.getLogger("eagle3d")
 
 
 def check_space(
-    cfg: config.JobConfig, facts: job.JobFacts, shard: Shard, output: str, status: bytearray
+    cfg: config.JobConfig,
+    facts: job.JobFacts,
+    shard: Shard,
+    output: str,
+    status: bytearray,
+    stages: StartStages | None = None,
 ) -> None:
     """Raise :class:`Fatal` (exit 10) when the rest of the job does not fit; log the
-    estimate otherwise. Runs off the event loop (it tokenizes rows)."""
+    estimate otherwise. Runs off the event loop (it tokenizes rows; its progress told to
+    ``stages``, where a signal ends it with :class:`StartStopped`)."""
     from eagle3d.run import estimate
     from eagle3d.store import sizing
 
     if fits_at_most(cfg, facts, shard, output, status):
         return
+    on_rows = None
+    if stages is not None:
+        lines = facts.lines
+
+        def on_rows(read: int, tokenized: int) -> None:
+            if not read:
+                stages.progress(what="loading the tokenizer")
+                return
+            stages.progress(read, 0, 0, f"{tokenized:,} rows tokenized, read", lines)
+
     try:
-        report = estimate.check_run(cfg, facts, shard, output, status)
+        report = estimate.check_run(cfg, facts, shard, output, status, on_rows)
+    except StartStopped:
+        raise
     except Exception as e:  # the check must never be why a job cannot start
         log.warning("space check skipped: %s: %s", type(e).__name__, e)
         return
