@@ -22,13 +22,15 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import runkit
 from eagle3proto import events as ev
-from eagle3proto import paths
+from eagle3proto import paths, views
 from eagle3proto.journal import JournalWriter
 
 #: Slow enough (a 50 ms rest after every batch) that a change lands while the run goes on.
@@ -348,37 +350,111 @@ def test_a_lock_held_by_another_users_process_is_no_live_daemon(
 
 # -- 6. time --------------------------------------------------------------------------------------
 
+LIBFAKETIME = next(iter(sorted(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"))), None)
 needs_faketime = pytest.mark.skipif(
-    shutil.which("faketime") is None, reason="needs libfaketime (apt-get install faketime)"
+    LIBFAKETIME is None, reason="needs libfaketime (apt-get install faketime)"
 )
 
 
+def _monitor(out: Path, offset: str = "") -> dict[str, Any]:
+    """``eagle3-top --once --json``'s shard, the monitor's own wall clock ``offset`` off
+    (libfaketime; its boot clock true: ``FAKETIME_DONT_FAKE_MONOTONIC``)."""
+    env = dict(os.environ)
+    if offset:
+        env.update(LD_PRELOAD=str(LIBFAKETIME), FAKETIME=offset, FAKETIME_DONT_FAKE_MONOTONIC="1")
+    once = [sys.executable, "-m", "eagle3top.cli", "--once", "--json", "--output", str(out)]
+    r = subprocess.run(once, capture_output=True, text=True, timeout=60, env=env)
+    assert r.stdout, r.stderr[-2000:]
+    shard: dict[str, Any] = json.loads(r.stdout)["shards"][0]
+    return shard
+
+
+def _offset_file(tmp_path: Path, seconds: float) -> Path:
+    f = tmp_path / "wall-offset"
+    f.write_text(f"{seconds}\n")
+    return f
+
+
 @needs_faketime
-def test_a_clock_set_back_never_hides_a_frozen_daemon(tiny_model_dir: Path, tmp_path: Path) -> None:
-    """The daemon frozen (SIGSTOP, its whole group) while it holds its lock; the monitor's
-    clock set back 1 h (libfaketime, never the machine's): UNKNOWN (exit 3), saying why,
-    never OK. Before: ``OK - running`` (ages were clamped at 0)."""
+@pytest.mark.parametrize("whose", ["daemon", "monitor"])
+def test_a_clock_set_back_never_hides_a_frozen_daemon(
+    tiny_model_dir: Path, tmp_path: Path, whose: str
+) -> None:
+    """A wall clock 1 h back, the daemon's (its records' ``ts``, the daemon's own seam) or
+    the monitor's (libfaketime): the running daemon is OK (before: ``stalled``, no record
+    for an hour; or UNKNOWN, the clock set back), then frozen (SIGSTOP, its whole group) it
+    turns ``stalled`` within the silence threshold: the ages are boot-clock differences."""
     data, out, log = tmp_path / "data.jsonl", tmp_path / "out", tmp_path / "log"
-    _write(data, _lines(200, seed=11))
-    proc = runkit.start(tiny_model_dir, data, out, "--concurrency", "4", fault=SLOW, log=log)
+    _write(data, _lines(300, seed=11))
+    fault = SLOW
+    if whose == "daemon":
+        fault += f",wall_offset:{_offset_file(tmp_path, -3600)}"
+    monitor = "-1h" if whose == "monitor" else ""
+    proc = runkit.start(tiny_model_dir, data, out, "--concurrency", "4", fault=fault, log=log)
     with runkit.reaped(proc):
         runkit.wait_for(lambda: len(runkit.records(out, "sample_saved")) >= 3, 120, "3 saves")
+        live = _monitor(out, monitor)
+        assert (live["state"], live["level"]) == ("running", "OK"), live
+        assert live["age_s"] is not None and 0 <= live["age_s"] < views.SILENT_AFTER_S, live
         os.killpg(proc.pid, signal.SIGSTOP)
         try:
-            once = [sys.executable, "-m", "eagle3top.cli", "--once", "--output", str(out)]
-            back = subprocess.run(
-                ["faketime", "-f", "-1h", *once],
-                capture_output=True,
-                text=True,
-                timeout=60,
-            )
-            first = back.stdout.split("\n")[0]
-            assert back.returncode == 3 and "UNKNOWN" in first, back.stdout
-            assert "clock was set back" in back.stdout, back.stdout
+            frozen = [live]
+            deadline = time.monotonic() + views.SILENT_AFTER_S + 60
+            while frozen[-1]["state"] != "stalled" and time.monotonic() < deadline:
+                time.sleep(2)
+                frozen.append(_monitor(out, monitor))
+            assert frozen[-1]["state"] == "stalled", frozen[-1]
+            assert frozen[-1]["level"] == "WARNING", frozen[-1]
+            assert "no record for" in frozen[-1]["reason"], frozen[-1]
+            assert all(f["level"] in ("OK", "WARNING") for f in frozen), frozen
         finally:
             os.killpg(proc.pid, signal.SIGCONT)
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def test_a_clock_stepped_under_a_running_daemon_moves_neither_rate_nor_eta(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """The daemon's wall clock 2 h back from its start: the rate the monitor shows is the
+    rate the test measures itself (saved over its own monotonic seconds), not 0; then
+    stepped 3 h forward mid-run: the ETA stays of the order of remaining / that rate (before:
+    0 or an hour-sized ETA for a two-minute remainder)."""
+    data, out, log = tmp_path / "data.jsonl", tmp_path / "out", tmp_path / "log"
+    _write(data, _lines(600, seed=12))
+    offset = _offset_file(tmp_path, -7200)
+    fault = f"{SLOW},wall_offset:{offset}"
+    proc = runkit.start(tiny_model_dir, data, out, "--concurrency", "4", fault=fault, log=log)
+    with runkit.reaped(proc):
+        runkit.wait_for(lambda: len(runkit.records(out, "sample_saved")) >= 20, 180, "20 saves")
+
+        def measured(first: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+            t0, s0 = time.monotonic(), first["saved"]
+            runkit.wait_for(
+                lambda: len(runkit.records(out, "sample_saved")) >= s0 + 40, 180, "40 more"
+            )
+            last = _monitor(out)
+            return (last["saved"] - s0) / (time.monotonic() - t0), last
+
+        true_rate, back = measured(_monitor(out))
+        assert back["state"] == "running", back
+        assert back["rate_samples_s"] > 0, back
+        assert true_rate / 3 < back["rate_samples_s"] < true_rate * 3, (true_rate, back)
+        offset.write_text(f"{3 * 3600 - 7200}\n")  # stepped 3 h forward
+        stepped = [e.ts for e in runkit.events(out)]
+        runkit.wait_for(
+            lambda: max(e.ts for e in runkit.events(out)) > max(stepped) + 3 * 3600 - 60,
+            30,
+            "a record after the step",
+            step=0.5,
+        )
+        true_rate, ahead = measured(_monitor(out))
+        assert ahead["state"] == "running" and ahead["level"] == "OK", ahead
+        assert ahead["remaining"] > 0 and ahead["eta_s"] is not None, ahead
+        want = ahead["remaining"] / true_rate
+        assert want / 3 < ahead["eta_s"] < want * 3, (want, ahead)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
 
 
 # -- 7. a worker's memory is not a sample's fault ---------------------------------------------

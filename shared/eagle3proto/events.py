@@ -1,7 +1,11 @@
 """Typed, versioned progress events: the contract between eagle3d and every monitor.
 
 Every record is a msgpack map with ``kind`` (the tag), ``seq`` (strictly +1 within a
-journal shard), ``ts`` (wall-clock seconds) and ``run`` (the job's run id).
+journal shard), ``ts`` (wall-clock seconds), ``run`` (the job's run id) and, from a daemon
+session's ``run_started`` on, ``bt``: the machine's ``CLOCK_BOOTTIME`` when it was written
+(seconds since boot, the same for every process of that boot, never moved by a wall-clock
+step). With the session's ``boot_id`` (in ``run_started``) a reader of the same boot takes
+ages, rates and ETAs from ``bt``, not from wall-clock differences (docs/monitor.md).
 
 Schema evolution follows msgspec's rules: a new field always gets a default, an existing
 field never changes type, unknown fields are ignored on decode and unknown kinds decode
@@ -24,6 +28,9 @@ class Event(msgspec.Struct, tag_field="kind", kw_only=True, omit_defaults=True, 
     seq: int = 0
     ts: float = 0.0
     run: str = ""
+    #: CLOCK_BOOTTIME seconds when written (0: not recorded: an older eagle3d, a record
+    #: before its session's run_started, or another tool's).
+    bt: float = 0.0
 
     #: Records of a commit-carrying kind are made durable (fdatasync) before anyone is told.
     durable: ClassVar[bool] = False
@@ -283,6 +290,7 @@ class Unknown(msgspec.Struct, kw_only=True):
     seq: int = 0
     ts: float = 0.0
     run: str = ""
+    bt: float = 0.0
 
 
 KnownEvent = (

@@ -167,6 +167,15 @@ def _counts(v: View, now: float) -> dict[str, object]:
     }
 
 
+def _clock_note(r: Row) -> list[str]:
+    if not r.by_wall_clock():
+        return []
+    return [
+        "ages by this host's wall clock (the journal was written on another host or boot):"
+        " a clock step on either side moves them"
+    ]
+
+
 def build(rows: list[Row], now: float) -> tuple[OnceDoc, Report]:
     """The ``--json`` document and the report for a set of rows at time ``now``.
 
@@ -204,7 +213,7 @@ def build(rows: list[Row], now: float) -> tuple[OnceDoc, Report]:
                 daemon_rss_bytes=stats.rss_bytes if stats else None,
                 gpu_note=stats.gpu_note if stats else "",
                 error=r.error,
-                notes=r.notes,
+                notes=[*r.notes, *_clock_note(r)],
                 start=r.start,
                 **_counts(v, now),  # type: ignore[arg-type]
             )

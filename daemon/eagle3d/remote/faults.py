@@ -20,6 +20,11 @@ process, does not fire again):
   (``vanish``: deletes it right after writing it, as a cleanup of the dump area would).
 * ``hook_drop:<n>`` - the SGLang capture hook's writer silently drops its n-th dump (no file,
   no failure marker), as a server dying between its answer and the write would.
+* ``wall_offset:<path>`` - the daemon's wall clock (its records' ``ts``) reads the seconds
+  written in ``path`` (re-read each second; a step mid-run is a new number) ahead of the
+  machine's: a clock set back or stepped forward under the daemon alone, never the
+  machine's own. (libfaketime 0.9.10 cannot do it: with ``FAKETIME_DONT_FAKE_MONOTONIC=1``,
+  which keeps the boot clock true, Python's ``time.sleep`` fails with EINVAL.)
 
 With the variable unset every check is a dictionary lookup that returns False.
 """
@@ -28,6 +33,8 @@ from __future__ import annotations
 
 import os
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 KILL_POINTS = (
@@ -74,6 +81,8 @@ def parse(text: str) -> dict[str, Fault]:
             "hook_drop",
         ):
             out[name] = Fault(name, "", int(parts[1]) if len(parts) > 1 else 1, marker)
+        elif name == "wall_offset":
+            out[name] = Fault(name, spec.partition(":")[2], 1, marker)
         elif name == "bad_dump":
             if len(parts) < 2 or parts[1] not in BAD_DUMPS:
                 raise ValueError(f"EAGLE3D_FAULT: bad_dump needs {'|'.join(BAD_DUMPS)}: {spec!r}")
@@ -134,3 +143,26 @@ def kill_point(point: str) -> None:
     """Exit abruptly here if ``kill:<point>`` is armed (no cleanup, like SIGKILL)."""
     if hit(f"kill:{point}") is not None:
         os._exit(137)
+
+
+def wall_clock() -> Callable[[], float]:
+    """The daemon's wall clock: ``time.time``, or with ``wall_offset`` armed, it plus the
+    seconds in the fault's file (read at most once a second)."""
+    fault = _active().get("wall_offset")
+    if fault is None:
+        return time.time
+    path = fault.arg
+    last = [-1.0, 0.0]  # when read (monotonic), the offset read
+
+    def clock() -> float:
+        now = time.monotonic()
+        if now - last[0] >= 1.0:
+            last[0] = now
+            try:
+                with open(path) as f:
+                    last[1] = float(f.read().strip() or 0)
+            except (OSError, ValueError):
+                pass  # keep the last offset: a file being rewritten
+        return time.time() + last[1]
+
+    return clock
