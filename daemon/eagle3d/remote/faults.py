@@ -16,8 +16,10 @@ process, does not fire again):
 * ``worker_oom:<tokens>`` - in the HF worker's forward, a batch of more than ``tokens``
   tokens makes a real allocation too large for any machine (``bytearray(2**62)``), which
   raises a real MemoryError: memory that a smaller batch would not need.
-* ``bad_dump:<ids|shape|nan|truncate|vanish>:<n>`` - the HF worker corrupts its n-th dump
-  (``vanish``: deletes it right after writing it, as a cleanup of the dump area would).
+* ``bad_dump:<ids|shape|nan|truncate|vanish|layers>:<n>`` - the HF worker corrupts its n-th
+  dump (``vanish``: deletes it right after writing it, as a cleanup of the dump area would;
+  ``layers``: writes one layer fewer, names and states, as a producer set up for another
+  capture would).
 * ``hook_drop:<n>`` - the SGLang capture hook's writer silently drops its n-th dump (no file,
   no failure marker), as a server dying between its answer and the write would.
 * ``wall_offset:<path>`` - the daemon's wall clock (its records' ``ts``) reads the seconds
@@ -48,7 +50,7 @@ KILL_POINTS = (
     "export_before_sync",  # eagle3d export: records written, not yet synced
 )
 
-BAD_DUMPS = ("ids", "shape", "nan", "truncate", "vanish")
+BAD_DUMPS = ("ids", "shape", "nan", "truncate", "vanish", "layers")
 
 
 @dataclass(slots=True)
