@@ -493,6 +493,78 @@ def test_a_workers_allocation_failure_charges_no_sample(
     runkit.assert_complete(out, set(range(40)) - {6}, {6})
 
 
+@pytest.mark.parametrize("fault", ["worker_crash", "worker_device_error"])
+def test_a_worker_that_crashes_mid_batch_charges_no_sample(
+    tiny_model_dir: Path, tmp_path: Path, fault: str
+) -> None:
+    """One worker dies in the middle of its 2nd forward: exits with code 1 (a crash), or
+    raises a device error (``CUDA error: device-side assert triggered``, after which the
+    worker exits 1). With --max-attempts 1 nothing may be burnt: the batch's samples are
+    each computed again alone, and every one is saved."""
+    data, out = tmp_path / "data.jsonl", tmp_path / "out"
+    rows = runkit.conversations(40, seed=12)
+    runkit.write_jsonl(data, rows)
+    marker = tmp_path / "fired"
+    r = runkit.run(
+        tiny_model_dir,
+        data,
+        out,
+        "--max-attempts",
+        "1",
+        "--workers",
+        "1",
+        "--batch-tokens",
+        "2048",
+        fault=f"{fault}:2@{marker}",
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert marker.exists()  # the fault fired
+    crashed = runkit.records(out, "sample_failed")
+    assert len(crashed) > 1 and all(x["error"] == "ProducerCrashed" for x in crashed), crashed
+    assert all(x["retry"] and x.get("environment") for x in crashed), crashed
+    alone = [x for x in crashed if "computing a batch of" in x["message"]]
+    assert alone and all("each is sent again alone" in x["message"] for x in alone), crashed
+    if fault == "worker_device_error":
+        assert "CUDA error: device-side assert triggered" in r.stderr
+    runkit.assert_complete(out, set(range(40)), set())
+
+
+def test_a_sample_that_crashes_its_worker_every_time_fails_alone(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """``worker_crash_over:600``: every forward holding a sample of more than 600 tokens
+    exits 1 (line 7, made long). Its batch's others are charged nothing; computed alone, it
+    crashes the worker again and that attempt is its own: failed for good, named."""
+    data, out = tmp_path / "data.jsonl", tmp_path / "out"
+    rows = runkit.conversations(40, seed=13)
+    rows[6] = {
+        "messages": [
+            {"role": "user", "content": "alpha beta " * 200},
+            {"role": "assistant", "content": "ok"},
+        ]
+    }
+    runkit.write_jsonl(data, rows)
+    r = runkit.run(
+        tiny_model_dir,
+        data,
+        out,
+        "--max-attempts",
+        "1",
+        "--workers",
+        "1",
+        "--batch-tokens",
+        "2048",
+        "--max-failed-fraction",
+        "0.1",
+        fault="worker_crash_over:600",
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    final = [x for x in runkit.records(out, "sample_failed") if not x.get("retry")]
+    assert [(x["idx"], x["error"]) for x in final] == [(6, "ProducerCrashed")], final
+    assert "exited with code 1, computing this sample alone" in final[0]["message"], final
+    runkit.assert_complete(out, set(range(40)) - {6}, {6})
+
+
 # -- 8 and 9. bounded input -----------------------------------------------------------------------
 
 

@@ -343,7 +343,8 @@ ATTEMPTS = {
         ("feed 0", "send 0"),
         ("fail 0 ProducerCrashed retry worker 7 exited with code -15", "failed 0 ProducerCrashed env, send 0"),
         ("fail 0 ProducerCrashed retry worker 8 exited with code -9", "failed 0 ProducerCrashed env, send 0"),
-        ("fail 0 ProducerCrashed retry worker 9 exited with code 1", "failed 0 ProducerCrashed retry, send 0#2"),
+        ("fail 0 ProducerCrashed retry worker 9 exited with code 1, computing a batch of 2: each is sent again alone", "failed 0 ProducerCrashed env, send 0"),
+        ("fail 0 ProducerCrashed retry worker 9 exited with code 1, computing this sample alone", "failed 0 ProducerCrashed retry, send 0#2"),
     ]),
     "no live worker counts no attempt": ({"max_attempts": 2}, [
         ("feed 0", "send 0"),

@@ -16,6 +16,12 @@ process, does not fire again):
 * ``worker_oom:<tokens>`` - in the HF worker's forward, a batch of more than ``tokens``
   tokens makes a real allocation too large for any machine (``bytearray(2**62)``), which
   raises a real MemoryError: memory that a smaller batch would not need.
+* ``worker_crash:<n>`` - the HF worker exits with code 1 in the middle of its n-th forward
+  (a crash of the process, as a bug in a library or a driver makes).
+* ``worker_device_error:<n>`` - the HF worker's n-th forward raises ``RuntimeError("CUDA
+  error: device-side assert triggered")``, as a failing device does.
+* ``worker_crash_over:<tokens>`` - every forward of a batch holding a sample longer than
+  ``tokens`` tokens exits with code 1: a sample that crashes its worker every time.
 * ``bad_dump:<ids|shape|nan|truncate|vanish|layers>:<n>`` - the HF worker corrupts its n-th
   dump (``vanish``: deletes it right after writing it, as a cleanup of the dump area would;
   ``layers``: writes one layer fewer, names and states, as a producer set up for another
@@ -80,6 +86,9 @@ def parse(text: str) -> dict[str, Fault]:
             "worker_slow",
             "worker_slow_load",
             "worker_oom",
+            "worker_crash",
+            "worker_device_error",
+            "worker_crash_over",
             "hook_drop",
         ):
             out[name] = Fault(name, "", int(parts[1]) if len(parts) > 1 else 1, marker)
@@ -139,6 +148,16 @@ def allocate_for(tokens: int) -> None:
     f = armed("worker_oom")
     if f is not None and tokens > f.n:
         bytearray(1 << 62)  # MemoryError from the allocator itself
+
+
+def crash_in_forward(longest: int) -> None:
+    """``worker_crash``, ``worker_device_error``, ``worker_crash_over``: the forward of a
+    batch whose longest sample has ``longest`` tokens dies here, if one is armed."""
+    over = armed("worker_crash_over")
+    if (over is not None and longest > over.n) or hit("worker_crash") is not None:
+        os._exit(1)
+    if hit("worker_device_error") is not None:
+        raise RuntimeError("CUDA error: device-side assert triggered")
 
 
 def kill_point(point: str) -> None:

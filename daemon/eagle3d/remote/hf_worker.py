@@ -127,6 +127,7 @@ class Worker:
         self.capture = Capture(model, self.layers)
         self.pad_id = 0
         self.pending: dict[str, list[int]] = {}
+        self.alone: set[str] = set()  # pending requests to compute in a batch of their own
         # Guards ``pending`` and ``closed``; the main loop waits on it for requests.
         self.cond = threading.Condition()
         self.closed = False  # stdin closed or "stop": finish the running batch and exit
@@ -168,6 +169,8 @@ class Worker:
                 return
             if isinstance(msg, pr.Req):
                 self.pending[msg.rid] = msg.ids
+                if msg.alone:
+                    self.alone.add(msg.rid)
             elif isinstance(msg, pr.Cancel):
                 self.pending.pop(msg.rid, None)
             elif isinstance(msg, pr.Give):
@@ -272,6 +275,11 @@ class Worker:
                     return None
                 if self.pending:  # else a "give" took them all meanwhile
                     break
+            self.alone &= self.pending.keys()  # cancelled or given away meanwhile
+            if self.alone:
+                rid = next(r for r in self.pending if r in self.alone)
+                self.alone.discard(rid)
+                return [rid], [self.pending.pop(rid)]
             lengths = {rid: len(ids) for rid, ids in self.pending.items()}
             rids = next_batch(lengths, batch_budget(sum(lengths.values()), self.budget))
             return rids, [self.pending.pop(r) for r in rids]
@@ -338,6 +346,7 @@ class Worker:
         mask = mask.to(self.device)
         with torch.inference_mode():
             faults.allocate_for(int(mask.sum()))
+            faults.crash_in_forward(longest)
             out = self.model.model(input_ids=ids, attention_mask=mask, use_cache=False)
         final = out.last_hidden_state
         aux = torch.cat([self.capture.states[i] for i in self.layers], dim=-1)
