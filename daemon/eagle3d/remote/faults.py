@@ -22,8 +22,10 @@ process, does not fire again):
   error: device-side assert triggered")``, as a failing device does.
 * ``worker_crash_over:<tokens>`` - every forward of a batch holding a sample longer than
   ``tokens`` tokens exits with code 1: a sample that crashes its worker every time.
-* ``bad_dump:<ids|shape|nan|truncate|vanish>:<n>`` - the HF worker corrupts its n-th dump
-  (``vanish``: deletes it right after writing it, as a cleanup of the dump area would).
+* ``bad_dump:<ids|shape|nan|truncate|vanish|layers>:<n>`` - the HF worker corrupts its n-th
+  dump (``vanish``: deletes it right after writing it, as a cleanup of the dump area would;
+  ``layers``: writes one layer fewer, names and states, as a producer set up for another
+  capture would).
 * ``export_slow:<ms>`` - ``eagle3d export`` rests ``ms`` milliseconds after every sample (a
   long export of a small job, so that a test sees its progress lines).
 * ``hook_drop:<n>`` - the SGLang capture hook's writer silently drops its n-th dump (no file,
@@ -56,7 +58,7 @@ KILL_POINTS = (
     "export_before_sync",  # eagle3d export: records written, not yet synced
 )
 
-BAD_DUMPS = ("ids", "shape", "nan", "truncate", "vanish")
+BAD_DUMPS = ("ids", "shape", "nan", "truncate", "vanish", "layers")
 
 
 @dataclass(slots=True)
