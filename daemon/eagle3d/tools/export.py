@@ -263,6 +263,19 @@ def _claim(state: str, out: str, fmt: str, job: Any) -> str:
     return ""
 
 
+def _todo(cat: catalog.Catalog, manifest: Manifest, report: ExportReport) -> list[catalog.Entry]:
+    """The committed samples not yet exported as they are now (counted in ``report``)."""
+    report.committed = len(cat.entries)
+    todo = []
+    for e in cat.entries:
+        old = manifest.done.get(e.idx)
+        if old is not None and old.source == e.checksum:
+            report.already += 1
+        else:
+            todo.append(e)
+    return todo
+
+
 def _run(
     cat: catalog.Catalog,
     exp: exporters.Exporter,
@@ -271,15 +284,7 @@ def _run(
     report: ExportReport,
     progress: Callable[[ExportReport, int, float], None] | None = None,
 ) -> None:
-    entries = cat.entries
-    report.committed = len(entries)
-    todo = []
-    for e in entries:
-        old = manifest.done.get(e.idx)
-        if old is not None and old.source == e.checksum:
-            report.already += 1
-        else:
-            todo.append(e)
+    todo = _todo(cat, manifest, report)
     next_k = max((d.k for d in manifest.done.values()), default=-1) + 1
     link = exp.same_bytes(cat.job)
     t0 = time.monotonic()
