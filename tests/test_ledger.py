@@ -636,6 +636,14 @@ ENDINGS = {
         ("finish", ""),
         ("lose", ""),
     ]),
+    "a dump that breaks the capture contract: exit 8 at once, no sample charged": ({}, [
+        ("feed 0 1", "send 0, send 1"),
+        ("dump 0", "commit 0"),
+        ("commit 0 ContractBroken", "remove 0, stopfeed, stopped, done 8"),
+        ("check failed=0 saved=0 pending=10 inflight=0 code=8", ""),
+        ("fail 1 BadDump retry", ""),
+        ("finish", ""),
+    ]),
     "a journal failure no pause can cure: exit 1 at once": ({}, [
         ("feed 0", "send 0"),
         ("jfail", "stopfeed, done 1"),

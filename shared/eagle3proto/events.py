@@ -80,6 +80,9 @@ class RunStarted(Event, tag="run_started"):
     #: this share of the total makes it exit 9, and the monitor warns by the same rule
     #: (:func:`eagle3proto.views.too_many_failed`). -1: a journal from before it was recorded.
     max_failed_fraction: float = -1.0
+    #: The job's space reserve in bytes (``--space-reserve``, resolved on the output's
+    #: filesystem): the monitor calls the output disk full only below it. -1: not recorded.
+    space_reserve_bytes: int = -1
     # The session reads the dataset pinned (a changed file stops it; no line is ever cut
     # short by a file that ended early). An older version's bad_json failures are retried.
     dataset_pinned: bool = False

@@ -109,6 +109,7 @@ class ShardState(msgspec.Struct, kw_only=True):
     finish_code: int = 0  # exit code of the last run_finished (non-zero: too many failed)
     skipped: int = 0  # blank lines of the shard (no samples)
     max_failed_fraction: float = -1.0  # the run's failure rule (-1: not recorded)
+    space_reserve_bytes: int = -1  # the job's space reserve (-1: not recorded)
     # Working time: seconds in ``running`` (the producer up, not paused, loading or
     # draining), every session of the journal; the rates count over it (eagle3proto.views).
     work_s: float = 0.0  # closed working spans
@@ -228,6 +229,7 @@ def _run_started(s: ShardState, e: ev.RunStarted, t: float) -> None:
     s.finish_code = 0
     s.skipped = e.skipped
     s.max_failed_fraction = e.max_failed_fraction
+    s.space_reserve_bytes = e.space_reserve_bytes
     s.session_start_ts = t
     s.changed["sent"] = t
 

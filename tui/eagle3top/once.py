@@ -33,6 +33,10 @@ class DiskDoc(msgspec.Struct, kw_only=True):
     projected_bytes: int | None = None  # still to write at the mean sample size
     fits: bool | None = None
     runs_out_in_s: float | None = None
+    #: the job's space reserve (``--space-reserve``; 256 MiB where the journal lacks it), and
+    #: whether the free space is below it: the only case the monitor calls the disk full
+    reserve_bytes: int | None = None
+    full: bool | None = None
 
 
 class GpuDoc(msgspec.Struct, kw_only=True):
@@ -231,7 +235,8 @@ def build(rows: list[Row], now: float) -> tuple[OnceDoc, Report]:
             continue  # disks and GPUs are per host: report them once
         seen_hosts.add(r.host)
         for d in stats.disk:
-            proj = fmt.project_disk(v, d) if d.label == "output" else None
+            reserve = r.state.space_reserve_bytes if r.state else -1
+            proj = fmt.project_disk(v, d, reserve) if d.label == "output" else None
             disks.append(
                 DiskDoc(
                     host=r.host,
@@ -243,6 +248,8 @@ def build(rows: list[Row], now: float) -> tuple[OnceDoc, Report]:
                     projected_bytes=proj.needed_bytes if proj else None,
                     fits=proj.fits if proj else None,
                     runs_out_in_s=proj.runs_out_in_s if proj else None,
+                    reserve_bytes=proj.reserve_bytes if proj else None,
+                    full=proj.full if proj else None,
                 )
             )
         for g in stats.gpus:

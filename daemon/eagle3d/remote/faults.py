@@ -22,8 +22,12 @@ process, does not fire again):
   error: device-side assert triggered")``, as a failing device does.
 * ``worker_crash_over:<tokens>`` - every forward of a batch holding a sample longer than
   ``tokens`` tokens exits with code 1: a sample that crashes its worker every time.
-* ``bad_dump:<ids|shape|nan|truncate|vanish>:<n>`` - the HF worker corrupts its n-th dump
-  (``vanish``: deletes it right after writing it, as a cleanup of the dump area would).
+* ``bad_dump:<ids|shape|nan|truncate|vanish|layers>:<n>`` - the HF worker corrupts its n-th
+  dump (``vanish``: deletes it right after writing it, as a cleanup of the dump area would;
+  ``layers``: writes one layer fewer, names and states, as a producer set up for another
+  capture would).
+* ``export_slow:<ms>`` - ``eagle3d export`` rests ``ms`` milliseconds after every sample (a
+  long export of a small job, so that a test sees its progress lines).
 * ``hook_drop:<n>`` - the SGLang capture hook's writer silently drops its n-th dump (no file,
   no failure marker), as a server dying between its answer and the write would.
 * ``wall_offset:<path>`` - the daemon's wall clock (its records' ``ts``) reads the seconds
@@ -54,7 +58,7 @@ KILL_POINTS = (
     "export_before_sync",  # eagle3d export: records written, not yet synced
 )
 
-BAD_DUMPS = ("ids", "shape", "nan", "truncate", "vanish")
+BAD_DUMPS = ("ids", "shape", "nan", "truncate", "vanish", "layers")
 
 
 @dataclass(slots=True)
@@ -88,6 +92,7 @@ def parse(text: str) -> dict[str, Fault]:
             "worker_device_error",
             "worker_crash_over",
             "hook_drop",
+            "export_slow",
         ):
             out[name] = Fault(name, "", int(parts[1]) if len(parts) > 1 else 1, marker)
         elif name == "wall_offset":

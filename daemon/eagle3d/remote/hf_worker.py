@@ -202,8 +202,11 @@ class Worker:
             fault = faults.hit("bad_dump")
             if fault is not None:
                 ids, aux, hid = self._corrupt(fault.arg, ids, aux, hid)
+            # A producer set up for another capture (one layer fewer, as an SGLang server
+            # launched without the job's layer arguments) for the "layers" fault.
+            layers = self.layers[:-1] if fault is not None and fault.arg == "layers" else None
             try:
-                path = self._write(dump, rid, ids, aux, hid, scales)
+                path = self._write(dump, rid, ids, aux, hid, scales, layers)
             except OSError as e:
                 # A full or vanished dump area must not kill this thread: the worker would
                 # go on computing batches nobody receives until its queue blocked it.
@@ -220,13 +223,16 @@ class Worker:
             elif fault is not None and fault.arg == "vanish":
                 os.unlink(path)
 
-    def _write(self, dump: Any, rid: str, ids: Any, aux: Any, hid: Any, scales: Any) -> str:
+    def _write(
+        self, dump: Any, rid: str, ids: Any, aux: Any, hid: Any, scales: Any, layers: Any
+    ) -> str:
+        layers = self.layers if layers is None else layers
         try:
-            return str(dump.write_dump(self.dump_dir, rid, ids, aux, hid, self.layers, scales))
+            return str(dump.write_dump(self.dump_dir, rid, ids, aux, hid, layers, scales))
         except FileNotFoundError:
             # The dump area was removed under us (a /dev/shm cleanup): make it again, once.
             os.makedirs(self.dump_dir, exist_ok=True)
-            return str(dump.write_dump(self.dump_dir, rid, ids, aux, hid, self.layers, scales))
+            return str(dump.write_dump(self.dump_dir, rid, ids, aux, hid, layers, scales))
 
     def _corrupt(self, how: str, ids: Any, aux: Any, hid: Any) -> tuple[Any, Any, Any]:
         if how == "ids":
@@ -234,6 +240,8 @@ class Worker:
             ids[0] += 1
         elif how == "shape":
             aux = aux[:-1]
+        elif how == "layers":  # the states of one layer fewer
+            aux = aux[..., : aux.shape[-1] - aux.shape[-1] // len(self.layers)].contiguous()
         elif how == "nan":
             hid = hid.clone()
             hid[0, 0] = float("nan")

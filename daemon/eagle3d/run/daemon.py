@@ -417,6 +417,7 @@ class Daemon:
     ) -> ev.RunStarted:
         return ev.RunStarted(
             max_failed_fraction=self.cfg.max_failed_fraction,
+            space_reserve_bytes=spacecheck.reserve_bytes(self.cfg),
             job=facts.job,
             total=facts.total,
             session=session,
