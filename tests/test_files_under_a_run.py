@@ -600,6 +600,109 @@ def test_a_line_too_long_to_hold_fails_alone_under_a_real_memory_limit(
     runkit.assert_complete(out, set(range(20)) - {4}, {4})
 
 
+def _chats(n: int, seed: int) -> list[dict[str, object]]:
+    """``n`` small conversations, all in the ``messages`` form (one parquet schema)."""
+    import random
+
+    rng = random.Random(seed)
+    words = ("alpha", "beta", "gamma", "delta", "answer", "question")
+    return [
+        {
+            "messages": [
+                {"role": "user", "content": " ".join(rng.choices(words, k=rng.randint(3, 30)))},
+                {
+                    "role": "assistant",
+                    "content": " ".join(rng.choices(words, k=rng.randint(3, 30))),
+                },
+            ]
+        }
+        for _ in range(n)
+    ]
+
+
+def test_a_huge_message_is_cut_before_it_is_tokenized(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A 30 MB answer on a line under --max-line-bytes, ``--max-length 256``, the daemon
+    under a 4 GiB address-space limit: the sample is saved with 256 tokens, its text cut
+    before tokenizing (256 x 64 characters and a margin), and its record says that the
+    original length is an estimate (``original_estimated``)."""
+    data, out = tmp_path / "data.jsonl", tmp_path / "out"
+    rows = _chats(10, seed=14)
+    rows[3] = {
+        "messages": [
+            {"role": "user", "content": "say it"},
+            {"role": "assistant", "content": "word " * 6_000_000},
+        ]
+    }
+    runkit.write_jsonl(data, rows)
+    assert 30_000_000 < data.stat().st_size < 64 << 20
+    args = runkit.run_args(tiny_model_dir, data, out, "--max-length", "256")
+    cmd = ["prlimit", f"--as={4 << 30}", "--", *args]
+    r = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=300, env=runkit.env_without_faults()
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    saved = {x["idx"]: x for x in runkit.records(out, "sample_saved")}
+    big = saved[3]
+    assert big["tokens"] == 256 and big["truncated"] and big.get("original_estimated"), big
+    # "word " is a token or two: the estimate is of the right size (6 M words).
+    assert 3_000_000 < big["original_tokens"] < 20_000_000, big
+    assert not any(x.get("original_estimated") for i, x in saved.items() if i != 3)
+    runkit.assert_complete(out, set(range(10)), set())
+
+
+def test_a_chat_cut_before_tokenizing_keeps_the_same_ids(tiny_model_dir: Path) -> None:
+    """The cut text's first ``max_length`` ids are those of the whole text's."""
+    from eagle3d.ingest.chat import ChatEncoder
+    from eagle3d.ingest.dataformats import parse_row
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    row = {
+        "messages": [
+            {"role": "user", "content": "say it"},
+            {"role": "assistant", "content": "alpha beta, gamma! " * 50_000},
+        ]
+    }
+    sample = parse_row(0, json.dumps(row).encode())
+    whole = ChatEncoder(tok, max_length=0).encode(sample)
+    cut = ChatEncoder(tok, max_length=64).encode(sample)
+    assert cut.input_ids == whole.input_ids[:64] and cut.loss_mask == whole.loss_mask[:64]
+    assert cut.truncated and cut.estimated and not whole.estimated
+    assert 0.8 < cut.full_length / whole.full_length < 1.25, (cut.full_length, whole.full_length)
+
+
+@pytest.mark.parametrize("fmt", ["json", "parquet"])
+def test_an_oversized_item_or_row_fails_alone_by_number(
+    tiny_model_dir: Path, tmp_path: Path, fmt: str
+) -> None:
+    """A JSON array's item, a parquet row, over --max-line-bytes: failed alone, named by
+    its number (``item 4`` / ``row 4``), never decoded; every other sample saved."""
+    out = tmp_path / "out"
+    rows = _chats(12, seed=15)
+    rows[3] = {
+        "messages": [
+            {"role": "user", "content": "word " * 60_000},
+            {"role": "assistant", "content": "ok"},
+        ]
+    }
+    if fmt == "json":
+        data = tmp_path / "data.json"
+        data.write_text(json.dumps(rows))
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        data = tmp_path / "data.parquet"
+        pq.write_table(pa.Table.from_pylist(rows), data)
+    r = runkit.run(tiny_model_dir, data, out, "--max-line-bytes", "100000")
+    assert r.returncode == 0, r.stderr[-3000:]
+    unit = {"json": "item", "parquet": "row"}[fmt]
+    failed = runkit.records(out, "sample_failed")
+    assert [(x["idx"], x["error"]) for x in failed] == [(3, f"{unit}_too_long")], failed
+    assert f"{unit} 4 (sample 3): the {unit} is 3" in failed[0]["message"], failed[0]
+    runkit.assert_complete(out, set(range(12)) - {3}, {3})
+
+
 def test_invalid_utf8_is_a_per_line_failure_wherever_it_is(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:

@@ -276,7 +276,8 @@ def add_job_arguments(p: argparse.ArgumentParser, *, run: bool = True) -> None:
         type=int,
         dest="max_line_bytes",
         metavar="N",
-        help="a JSONL line longer than this fails alone, named, without being read whole"
+        help="a JSONL line longer than this fails alone, named, without being read whole;"
+        " a JSON array's item or a parquet row over it fails alone, never decoded"
         " (default 67108864: 64 MiB)",
     )
     a(

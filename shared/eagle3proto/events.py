@@ -126,6 +126,9 @@ class SampleSaved(Event, tag="sample_saved"):
     #: ``original_tokens`` (0 in journals written before it was recorded).
     truncated: bool = False
     original_tokens: int = 0
+    #: ``original_tokens`` is an estimate: the row's text was cut before tokenizing (over
+    #: ``max_length`` x 64 characters) and its length scaled from the tokens of the part kept.
+    original_estimated: bool = False
 
 
 class SampleFailed(Event, tag="sample_failed"):

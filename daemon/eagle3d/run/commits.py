@@ -79,6 +79,7 @@ def commit_batch(
                     checksum=done.checksum,
                     truncated=p.truncated,
                     original_tokens=p.full_length if p.truncated else 0,
+                    original_estimated=p.truncated and p.length_estimated,
                 )
                 saved.append((k, rec))
         if saved and not recorder.append_many([rec for _, rec in saved]):
