@@ -288,8 +288,21 @@ def test_a_jobs_files_give_nothing_to_another_user(
     segment = sorted(jdir.glob("*.e3j"))[0]
     sample = out / runkit.records(out, "sample_saved")[0]["path"]
     rows = sample.parent
-    modes = {p: p.stat().st_mode & 0o777 for p in (lock, segment, sample, rows, jdir)}
-    assert modes == {lock: 0o600, segment: 0o640, sample: 0o640, rows: 0o750, jdir: 0o750}
+    ckpt, capture = jdir / "checkpoint.e3c", out / ".eagle3d" / "capture.json"
+    staging = Path(paths.staging_dir(str(out), paths.Shard()))
+    files = (lock, segment, sample, rows, jdir, ckpt, capture, staging, staging.parent)
+    modes = {p: p.stat().st_mode & 0o777 for p in files}
+    assert modes == {
+        lock: 0o600,
+        segment: 0o640,
+        sample: 0o640,
+        rows: 0o750,
+        jdir: 0o750,
+        ckpt: 0o640,
+        capture: 0o640,
+        staging: 0o750,
+        staging.parent: 0o750,
+    }
     seen = _as(other_user, _TRY_OPEN, *(str(p) for p in (lock, segment, sample, rows)))
     denied = [ln for ln in seen.stdout.splitlines() if ln.startswith("DENIED")]
     assert len(denied) == 4, seen.stdout + seen.stderr
