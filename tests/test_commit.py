@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from eagle3d.dumps.format import Dump
+from eagle3d.dumps.format import BadDump, ContractBroken, Dump
 from eagle3d.store.committer import CommitError, Committed, Committer
 from eagle3d.store.crc import file_checksum
-from eagle3d.store.validate import all_finite, finite_bits
+from eagle3d.store.validate import all_finite, finite_bits, validate
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
@@ -180,3 +180,38 @@ def test_a_direct_write_refused_midway_is_redone_buffered(
     r = c.commit(8, list(range(300)), [1] * 300, d)
     assert calls[:2] == [0, 4096] and c.direct is False
     _sample_ok(tmp_path, r, d, list(range(300)))
+
+
+# (case, the dump's layers, tokens, aux width, hidden width) -> the class of the refusal and
+# words of its message; the job sends 4 tokens and captures layers [1, 3, 5] of hidden size 8.
+CONTRACT = [
+    ("as the job wants", [1, 3, 5], 4, 24, 8, None, ""),
+    ("no layer names, widths right", [], 4, 24, 8, None, ""),
+    ("other layer ids", [1, 2, 5], 4, 24, 8, ContractBroken, "layers [1, 2, 5] (3)"),
+    ("one layer fewer", [1, 3], 4, 16, 8, ContractBroken, "layers [1, 3] (2)"),
+    ("one layer fewer, unnamed", [], 4, 16, 8, ContractBroken, "2 layers of hidden size 8"),
+    ("another hidden size", [], 4, 48, 16, ContractBroken, "hidden size is 16"),
+    ("a token short (the sample's)", [1, 3, 5], 3, 24, 8, BadDump, "sent 4 tokens"),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "layers", "t", "aux_w", "hid_w", "kind", "words"),
+    CONTRACT,
+    ids=[c[0] for c in CONTRACT],
+)
+def test_a_dump_off_the_capture_contract_is_the_producers_fault(
+    case: str, layers: list[int], t: int, aux_w: int, hid_w: int, kind: type | None, words: str
+) -> None:
+    """Layers (ids or count) or a hidden size not the job's: ContractBroken, naming what was
+    expected and found; a dump cut along its tokens stays the sample's BadDump."""
+    dump = Dump("r", layers, torch.arange(t), torch.zeros(t, aux_w), torch.zeros(t, hid_w), 0)
+    if kind is None:
+        validate(dump, [0, 1, 2, 3], 8, [1, 3, 5])
+        return
+    with pytest.raises(BadDump) as e:
+        validate(dump, [0, 1, 2, 3], 8, [1, 3, 5])
+    assert type(e.value) is kind, e.value
+    assert words in str(e.value), e.value
+    if kind is ContractBroken:
+        assert "[1, 3, 5]" in str(e.value), e.value

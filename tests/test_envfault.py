@@ -58,14 +58,30 @@ def test_producer_failures_judged() -> None:
     # The sample's own: counted attempts.
     assert _judge("BadDump", "NaN").counted
     assert _judge("Timeout", "no dump within 600 s").counted
-    assert _judge("ProducerCrashed", "worker 9 exited with code 1").counted  # its traceback
-    assert _judge("ProducerCrashed", "worker 9 exited with code -11").counted  # SIGSEGV
+    # A worker that died computing this sample alone (its traceback, SIGSEGV, a hang).
+    assert _judge(
+        "ProducerCrashed", "worker 9 exited with code 1, computing this sample alone"
+    ).counted
+    assert _judge(
+        "ProducerCrashed", "worker 9 exited with code -11, computing this sample alone"
+    ).counted
+    assert _judge(
+        "ProducerCrashed", "worker 9 made no progress for 600 s, computing this sample alone"
+    ).counted
     assert _judge("DumpMissing", "wrote it 20 s ago", full=False).counted
     # The environment's: never counted.
     for code in (-2, -15, -1, -9):
         v = _judge("ProducerCrashed", f"worker 9 exited with code {code}")
         assert not v.counted and v.pause is None and "killed by SIG" in v.why
     assert not _judge("ProducerDown", "no live worker").counted
+    # A worker that died with others in its batch, or before the request started: each
+    # sample of the batch is sent again alone, nothing charged.
+    for said in ("computing a batch of 3: each is sent again alone", "before this request started"):
+        for code in (1, -11):
+            v = _judge("ProducerCrashed", f"worker 9 exited with code {code}, {said}")
+            assert (
+                not v.counted and v.pause is None and "not die computing this sample alone" in v.why
+            )
     v = _judge("DumpWriteError", "writing the dump failed: ENOSPC: No space left on device")
     assert not v.counted and v.pause == EnvFault(DUMPS, "/dumps", errno.ENOSPC, v.pause.detail)
     v = _judge("DumpWriteError", "writing the dump failed: EACCES: Permission denied")

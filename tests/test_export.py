@@ -8,6 +8,7 @@ are read the way those readers read them (torch.load, safetensors, pyarrow)."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -211,8 +212,86 @@ def test_refusals_and_damaged_sources(stored_outputs: Any, tmp_path: Path) -> No
     assert rc == 1 and rep["exported"] == 39, rep
     said = f"sample {victim.idx}: {victim.path} does not match the journal"
     assert rep["problems"] == [f"{said} (eagle3d verify says more)"]
+    assert rep["not_exported"] == {"damaged": 1}, rep
     assert not (tmp_path / "mo" / f"{victim.idx:08d}.pt").exists()
     rc, rep = eagle3d_export(src, tmp_path / "mo", "specforge")
     assert rc == 2 and "holds a modelopt export" in rep["refused"], rep
     rc, rep = eagle3d_export(stored_outputs["fp8"], tmp_path / "mo", "modelopt")
     assert rc == 2 and "holds a modelopt export of" in rep["refused"], rep
+
+
+def _export_cmd(src: Path, to: Path, fmt: str) -> list[str]:
+    cmd = [sys.executable, "-m", "eagle3d", "export", "-o", str(src), "--to", str(to)]
+    return [*cmd, "--format", fmt]
+
+
+_LINE = re.compile(r"export: (\d+)/(\d+) samples \(\d+ %\), [\d.]+ [MG]B, [\d.,]+ samples/s, ")
+
+
+def test_export_logs_progress_and_ends_with_a_summary(stored_outputs: Any, tmp_path: Path) -> None:
+    """Issue 27, point 10: not on a terminal, a plain progress line every ~2 s (done / total,
+    rate, ETA) and a summary at the end: time, samples, tokens, bytes, linked vs copied.
+    ``export_slow`` stretches 40 tiny samples over ~6 s so that lines come between."""
+    src = stored_outputs["bfloat16"]
+    r = subprocess.run(
+        _export_cmd(src, tmp_path / "mo", "modelopt"),
+        env={**ENV, "EAGLE3D_FAULT": "export_slow:150"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = [m for m in map(_LINE.match, r.stderr.splitlines()) if m]
+    done = [int(m.group(1)) for m in lines]
+    assert len(done) >= 3 and done == sorted(done) and done[0] == 0 and done[-1] == 40, r.stderr
+    assert all(m.group(2) == "40" for m in lines)
+    assert "ETA " in r.stderr and "\r" not in r.stderr, r.stderr
+    assert r.stderr.splitlines()[-1].endswith(" s") and "done in" in r.stderr.splitlines()[-1]
+    tokens = sum(e.tokens for e in catalog.read(str(src)).entries)
+    summary = next(x for x in r.stdout.splitlines() if x.startswith("summary: "))
+    assert summary.startswith("summary: 40 sample(s) exported in "), summary
+    assert f"{tokens:,} tokens" in summary and "(0 hard-linked, 40 copied)" in summary, summary
+    assert " MB written" in summary and "0 already exported" in summary, summary
+    # Again: nothing left; the summary says so, and where the samples went (linked) too.
+    rc, rep = eagle3d_export(src, tmp_path / "sf", "specforge")
+    assert rc == 0 and rep["linked"] == 40 and rep["copied"] == 0 and rep["tokens"] == tokens
+
+
+def test_export_on_a_terminal_shows_one_live_line(stored_outputs: Any, tmp_path: Path) -> None:
+    """On a terminal (a real pseudo-terminal as stderr): one line rewritten in place with a
+    carriage return, ended before the summary, which is printed whole."""
+    import os
+    import pty  # noqa: F401 - os.openpty is the pty module's own primitive
+
+    master, slave = os.openpty()
+    proc = subprocess.Popen(
+        _export_cmd(stored_outputs["fp8"], tmp_path / "sf", "specforge"),
+        env={**ENV, "EAGLE3D_FAULT": "export_slow:100"},
+        stdout=subprocess.PIPE,
+        stderr=slave,
+        stdin=subprocess.DEVNULL,
+    )
+    os.close(slave)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # EIO: the last holder of the terminal's other end has exited
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(master)
+    out = proc.communicate(timeout=300)[0].decode()
+    assert proc.returncode == 0, seen.decode(errors="replace")[-2000:]
+    text = seen.decode()
+    frames = text.split("\r")
+    live = [f for f in frames if _LINE.match(f)]
+    assert len(live) >= 3, text  # the same line, rewritten
+    assert all(f.endswith("\x1b[K") for f in live[:-1]), live
+    assert "\n" not in "".join(live[:-1]), live  # no new line between rewrites
+    assert live[-1].startswith("export: 40/40 samples"), live[-1]
+    # the live line ended (the terminal shows "\n" as "\r\n") before anything else
+    assert text.endswith(live[-1] + "\r\n"), text[-300:]
+    summary = [x for x in out.splitlines() if x.startswith("summary: ")]
+    assert summary and "40 sample(s) exported in" in summary[0] and "40 copied" in summary[0]

@@ -22,13 +22,15 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import runkit
 from eagle3proto import events as ev
-from eagle3proto import paths
+from eagle3proto import paths, views
 from eagle3proto.journal import JournalWriter
 
 #: Slow enough (a 50 ms rest after every batch) that a change lands while the run goes on.
@@ -286,8 +288,21 @@ def test_a_jobs_files_give_nothing_to_another_user(
     segment = sorted(jdir.glob("*.e3j"))[0]
     sample = out / runkit.records(out, "sample_saved")[0]["path"]
     rows = sample.parent
-    modes = {p: p.stat().st_mode & 0o777 for p in (lock, segment, sample, rows, jdir)}
-    assert modes == {lock: 0o600, segment: 0o640, sample: 0o640, rows: 0o750, jdir: 0o750}
+    ckpt, capture = jdir / "checkpoint.e3c", out / ".eagle3d" / "capture.json"
+    staging = Path(paths.staging_dir(str(out), paths.Shard()))
+    files = (lock, segment, sample, rows, jdir, ckpt, capture, staging, staging.parent)
+    modes = {p: p.stat().st_mode & 0o777 for p in files}
+    assert modes == {
+        lock: 0o600,
+        segment: 0o640,
+        sample: 0o640,
+        rows: 0o750,
+        jdir: 0o750,
+        ckpt: 0o640,
+        capture: 0o640,
+        staging: 0o750,
+        staging.parent: 0o750,
+    }
     seen = _as(other_user, _TRY_OPEN, *(str(p) for p in (lock, segment, sample, rows)))
     denied = [ln for ln in seen.stdout.splitlines() if ln.startswith("DENIED")]
     assert len(denied) == 4, seen.stdout + seen.stderr
@@ -348,37 +363,111 @@ def test_a_lock_held_by_another_users_process_is_no_live_daemon(
 
 # -- 6. time --------------------------------------------------------------------------------------
 
+LIBFAKETIME = next(iter(sorted(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"))), None)
 needs_faketime = pytest.mark.skipif(
-    shutil.which("faketime") is None, reason="needs libfaketime (apt-get install faketime)"
+    LIBFAKETIME is None, reason="needs libfaketime (apt-get install faketime)"
 )
 
 
+def _monitor(out: Path, offset: str = "") -> dict[str, Any]:
+    """``eagle3-top --once --json``'s shard, the monitor's own wall clock ``offset`` off
+    (libfaketime; its boot clock true: ``FAKETIME_DONT_FAKE_MONOTONIC``)."""
+    env = dict(os.environ)
+    if offset:
+        env.update(LD_PRELOAD=str(LIBFAKETIME), FAKETIME=offset, FAKETIME_DONT_FAKE_MONOTONIC="1")
+    once = [sys.executable, "-m", "eagle3top.cli", "--once", "--json", "--output", str(out)]
+    r = subprocess.run(once, capture_output=True, text=True, timeout=60, env=env)
+    assert r.stdout, r.stderr[-2000:]
+    shard: dict[str, Any] = json.loads(r.stdout)["shards"][0]
+    return shard
+
+
+def _offset_file(tmp_path: Path, seconds: float) -> Path:
+    f = tmp_path / "wall-offset"
+    f.write_text(f"{seconds}\n")
+    return f
+
+
 @needs_faketime
-def test_a_clock_set_back_never_hides_a_frozen_daemon(tiny_model_dir: Path, tmp_path: Path) -> None:
-    """The daemon frozen (SIGSTOP, its whole group) while it holds its lock; the monitor's
-    clock set back 1 h (libfaketime, never the machine's): UNKNOWN (exit 3), saying why,
-    never OK. Before: ``OK - running`` (ages were clamped at 0)."""
+@pytest.mark.parametrize("whose", ["daemon", "monitor"])
+def test_a_clock_set_back_never_hides_a_frozen_daemon(
+    tiny_model_dir: Path, tmp_path: Path, whose: str
+) -> None:
+    """A wall clock 1 h back, the daemon's (its records' ``ts``, the daemon's own seam) or
+    the monitor's (libfaketime): the running daemon is OK (before: ``stalled``, no record
+    for an hour; or UNKNOWN, the clock set back), then frozen (SIGSTOP, its whole group) it
+    turns ``stalled`` within the silence threshold: the ages are boot-clock differences."""
     data, out, log = tmp_path / "data.jsonl", tmp_path / "out", tmp_path / "log"
-    _write(data, _lines(200, seed=11))
-    proc = runkit.start(tiny_model_dir, data, out, "--concurrency", "4", fault=SLOW, log=log)
+    _write(data, _lines(300, seed=11))
+    fault = SLOW
+    if whose == "daemon":
+        fault += f",wall_offset:{_offset_file(tmp_path, -3600)}"
+    monitor = "-1h" if whose == "monitor" else ""
+    proc = runkit.start(tiny_model_dir, data, out, "--concurrency", "4", fault=fault, log=log)
     with runkit.reaped(proc):
         runkit.wait_for(lambda: len(runkit.records(out, "sample_saved")) >= 3, 120, "3 saves")
+        live = _monitor(out, monitor)
+        assert (live["state"], live["level"]) == ("running", "OK"), live
+        assert live["age_s"] is not None and 0 <= live["age_s"] < views.SILENT_AFTER_S, live
         os.killpg(proc.pid, signal.SIGSTOP)
         try:
-            once = [sys.executable, "-m", "eagle3top.cli", "--once", "--output", str(out)]
-            back = subprocess.run(
-                ["faketime", "-f", "-1h", *once],
-                capture_output=True,
-                text=True,
-                timeout=60,
-            )
-            first = back.stdout.split("\n")[0]
-            assert back.returncode == 3 and "UNKNOWN" in first, back.stdout
-            assert "clock was set back" in back.stdout, back.stdout
+            frozen = [live]
+            deadline = time.monotonic() + views.SILENT_AFTER_S + 60
+            while frozen[-1]["state"] != "stalled" and time.monotonic() < deadline:
+                time.sleep(2)
+                frozen.append(_monitor(out, monitor))
+            assert frozen[-1]["state"] == "stalled", frozen[-1]
+            assert frozen[-1]["level"] == "WARNING", frozen[-1]
+            assert "no record for" in frozen[-1]["reason"], frozen[-1]
+            assert all(f["level"] in ("OK", "WARNING") for f in frozen), frozen
         finally:
             os.killpg(proc.pid, signal.SIGCONT)
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def test_a_clock_stepped_under_a_running_daemon_moves_neither_rate_nor_eta(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """The daemon's wall clock 2 h back from its start: the rate the monitor shows is the
+    rate the test measures itself (saved over its own monotonic seconds), not 0; then
+    stepped 3 h forward mid-run: the ETA stays of the order of remaining / that rate (before:
+    0 or an hour-sized ETA for a two-minute remainder)."""
+    data, out, log = tmp_path / "data.jsonl", tmp_path / "out", tmp_path / "log"
+    _write(data, _lines(600, seed=12))
+    offset = _offset_file(tmp_path, -7200)
+    fault = f"{SLOW},wall_offset:{offset}"
+    proc = runkit.start(tiny_model_dir, data, out, "--concurrency", "4", fault=fault, log=log)
+    with runkit.reaped(proc):
+        runkit.wait_for(lambda: len(runkit.records(out, "sample_saved")) >= 20, 180, "20 saves")
+
+        def measured(first: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+            t0, s0 = time.monotonic(), first["saved"]
+            runkit.wait_for(
+                lambda: len(runkit.records(out, "sample_saved")) >= s0 + 40, 180, "40 more"
+            )
+            last = _monitor(out)
+            return (last["saved"] - s0) / (time.monotonic() - t0), last
+
+        true_rate, back = measured(_monitor(out))
+        assert back["state"] == "running", back
+        assert back["rate_samples_s"] > 0, back
+        assert true_rate / 3 < back["rate_samples_s"] < true_rate * 3, (true_rate, back)
+        offset.write_text(f"{3 * 3600 - 7200}\n")  # stepped 3 h forward
+        stepped = [e.ts for e in runkit.events(out)]
+        runkit.wait_for(
+            lambda: max(e.ts for e in runkit.events(out)) > max(stepped) + 3 * 3600 - 60,
+            30,
+            "a record after the step",
+            step=0.5,
+        )
+        true_rate, ahead = measured(_monitor(out))
+        assert ahead["state"] == "running" and ahead["level"] == "OK", ahead
+        assert ahead["remaining"] > 0 and ahead["eta_s"] is not None, ahead
+        want = ahead["remaining"] / true_rate
+        assert want / 3 < ahead["eta_s"] < want * 3, (want, ahead)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
 
 
 # -- 7. a worker's memory is not a sample's fault ---------------------------------------------
@@ -417,6 +506,78 @@ def test_a_workers_allocation_failure_charges_no_sample(
     runkit.assert_complete(out, set(range(40)) - {6}, {6})
 
 
+@pytest.mark.parametrize("fault", ["worker_crash", "worker_device_error"])
+def test_a_worker_that_crashes_mid_batch_charges_no_sample(
+    tiny_model_dir: Path, tmp_path: Path, fault: str
+) -> None:
+    """One worker dies in the middle of its 2nd forward: exits with code 1 (a crash), or
+    raises a device error (``CUDA error: device-side assert triggered``, after which the
+    worker exits 1). With --max-attempts 1 nothing may be burnt: the batch's samples are
+    each computed again alone, and every one is saved."""
+    data, out = tmp_path / "data.jsonl", tmp_path / "out"
+    rows = runkit.conversations(40, seed=12)
+    runkit.write_jsonl(data, rows)
+    marker = tmp_path / "fired"
+    r = runkit.run(
+        tiny_model_dir,
+        data,
+        out,
+        "--max-attempts",
+        "1",
+        "--workers",
+        "1",
+        "--batch-tokens",
+        "2048",
+        fault=f"{fault}:2@{marker}",
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert marker.exists()  # the fault fired
+    crashed = runkit.records(out, "sample_failed")
+    assert len(crashed) > 1 and all(x["error"] == "ProducerCrashed" for x in crashed), crashed
+    assert all(x["retry"] and x.get("environment") for x in crashed), crashed
+    alone = [x for x in crashed if "computing a batch of" in x["message"]]
+    assert alone and all("each is sent again alone" in x["message"] for x in alone), crashed
+    if fault == "worker_device_error":
+        assert "CUDA error: device-side assert triggered" in r.stderr
+    runkit.assert_complete(out, set(range(40)), set())
+
+
+def test_a_sample_that_crashes_its_worker_every_time_fails_alone(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """``worker_crash_over:600``: every forward holding a sample of more than 600 tokens
+    exits 1 (line 7, made long). Its batch's others are charged nothing; computed alone, it
+    crashes the worker again and that attempt is its own: failed for good, named."""
+    data, out = tmp_path / "data.jsonl", tmp_path / "out"
+    rows = runkit.conversations(40, seed=13)
+    rows[6] = {
+        "messages": [
+            {"role": "user", "content": "alpha beta " * 200},
+            {"role": "assistant", "content": "ok"},
+        ]
+    }
+    runkit.write_jsonl(data, rows)
+    r = runkit.run(
+        tiny_model_dir,
+        data,
+        out,
+        "--max-attempts",
+        "1",
+        "--workers",
+        "1",
+        "--batch-tokens",
+        "2048",
+        "--max-failed-fraction",
+        "0.1",
+        fault="worker_crash_over:600",
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    final = [x for x in runkit.records(out, "sample_failed") if not x.get("retry")]
+    assert [(x["idx"], x["error"]) for x in final] == [(6, "ProducerCrashed")], final
+    assert "exited with code 1, computing this sample alone" in final[0]["message"], final
+    runkit.assert_complete(out, set(range(40)) - {6}, {6})
+
+
 # -- 8 and 9. bounded input -----------------------------------------------------------------------
 
 
@@ -450,6 +611,109 @@ def test_a_line_too_long_to_hold_fails_alone_under_a_real_memory_limit(
     assert "line 5 (sample 4): the line is 2" in failed[0]["message"], failed[0]
     assert "line 5 (sample 4)" in r.stderr
     runkit.assert_complete(out, set(range(20)) - {4}, {4})
+
+
+def _chats(n: int, seed: int) -> list[dict[str, object]]:
+    """``n`` small conversations, all in the ``messages`` form (one parquet schema)."""
+    import random
+
+    rng = random.Random(seed)
+    words = ("alpha", "beta", "gamma", "delta", "answer", "question")
+    return [
+        {
+            "messages": [
+                {"role": "user", "content": " ".join(rng.choices(words, k=rng.randint(3, 30)))},
+                {
+                    "role": "assistant",
+                    "content": " ".join(rng.choices(words, k=rng.randint(3, 30))),
+                },
+            ]
+        }
+        for _ in range(n)
+    ]
+
+
+def test_a_huge_message_is_cut_before_it_is_tokenized(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A 30 MB answer on a line under --max-line-bytes, ``--max-length 256``, the daemon
+    under a 4 GiB address-space limit: the sample is saved with 256 tokens, its text cut
+    before tokenizing (256 x 64 characters and a margin), and its record says that the
+    original length is an estimate (``original_estimated``)."""
+    data, out = tmp_path / "data.jsonl", tmp_path / "out"
+    rows = _chats(10, seed=14)
+    rows[3] = {
+        "messages": [
+            {"role": "user", "content": "say it"},
+            {"role": "assistant", "content": "word " * 6_000_000},
+        ]
+    }
+    runkit.write_jsonl(data, rows)
+    assert 30_000_000 < data.stat().st_size < 64 << 20
+    args = runkit.run_args(tiny_model_dir, data, out, "--max-length", "256")
+    cmd = ["prlimit", f"--as={4 << 30}", "--", *args]
+    r = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=300, env=runkit.env_without_faults()
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    saved = {x["idx"]: x for x in runkit.records(out, "sample_saved")}
+    big = saved[3]
+    assert big["tokens"] == 256 and big["truncated"] and big.get("original_estimated"), big
+    # "word " is a token or two: the estimate is of the right size (6 M words).
+    assert 3_000_000 < big["original_tokens"] < 20_000_000, big
+    assert not any(x.get("original_estimated") for i, x in saved.items() if i != 3)
+    runkit.assert_complete(out, set(range(10)), set())
+
+
+def test_a_chat_cut_before_tokenizing_keeps_the_same_ids(tiny_model_dir: Path) -> None:
+    """The cut text's first ``max_length`` ids are those of the whole text's."""
+    from eagle3d.ingest.chat import ChatEncoder
+    from eagle3d.ingest.dataformats import parse_row
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    row = {
+        "messages": [
+            {"role": "user", "content": "say it"},
+            {"role": "assistant", "content": "alpha beta, gamma! " * 50_000},
+        ]
+    }
+    sample = parse_row(0, json.dumps(row).encode())
+    whole = ChatEncoder(tok, max_length=0).encode(sample)
+    cut = ChatEncoder(tok, max_length=64).encode(sample)
+    assert cut.input_ids == whole.input_ids[:64] and cut.loss_mask == whole.loss_mask[:64]
+    assert cut.truncated and cut.estimated and not whole.estimated
+    assert 0.8 < cut.full_length / whole.full_length < 1.25, (cut.full_length, whole.full_length)
+
+
+@pytest.mark.parametrize("fmt", ["json", "parquet"])
+def test_an_oversized_item_or_row_fails_alone_by_number(
+    tiny_model_dir: Path, tmp_path: Path, fmt: str
+) -> None:
+    """A JSON array's item, a parquet row, over --max-line-bytes: failed alone, named by
+    its number (``item 4`` / ``row 4``), never decoded; every other sample saved."""
+    out = tmp_path / "out"
+    rows = _chats(12, seed=15)
+    rows[3] = {
+        "messages": [
+            {"role": "user", "content": "word " * 60_000},
+            {"role": "assistant", "content": "ok"},
+        ]
+    }
+    if fmt == "json":
+        data = tmp_path / "data.json"
+        data.write_text(json.dumps(rows))
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        data = tmp_path / "data.parquet"
+        pq.write_table(pa.Table.from_pylist(rows), data)
+    r = runkit.run(tiny_model_dir, data, out, "--max-line-bytes", "100000")
+    assert r.returncode == 0, r.stderr[-3000:]
+    unit = {"json": "item", "parquet": "row"}[fmt]
+    failed = runkit.records(out, "sample_failed")
+    assert [(x["idx"], x["error"]) for x in failed] == [(3, f"{unit}_too_long")], failed
+    assert f"{unit} 4 (sample 3): the {unit} is 3" in failed[0]["message"], failed[0]
+    runkit.assert_complete(out, set(range(12)) - {3}, {3})
 
 
 def test_invalid_utf8_is_a_per_line_failure_wherever_it_is(

@@ -70,7 +70,7 @@ def test_disk_projection_fits_runs_out_full_and_unknown() -> None:
     assert short.runs_out_in_s == 5000  # 50 GB at 10 MB/s
     assert short.describe() == "runs out in 1 h 23 m"
     full = fmt.project_disk(v, _disk(10 << 20))
-    assert full is not None and full.full and full.describe() == "FULL"
+    assert full is not None and full.full and full.describe() == "FULL (< reserve 268.4 MB)"
     nothing = fmt.project_disk(_view(0, 10, 0, 0.0), _disk(10**12))
     assert nothing is not None and nothing.fits is None
     assert nothing.describe() == "no projection yet"

@@ -103,6 +103,7 @@ def _bare_worker(budget: int) -> Worker:
     w = Worker.__new__(Worker)
     w.cond = threading.Condition()
     w.pending = {}
+    w.alone = set()
     w.closed = False
     w.budget = budget
     return w
@@ -133,3 +134,14 @@ def test_only_a_worker_that_waited_for_work_lingers_for_more() -> None:
     assert list(w.pending) == ["d"]
     w.receive(_to_worker({"op": "stop"}))
     assert w.next_rids() is None  # stopped: no batch, even with work waiting
+
+
+def test_a_request_marked_alone_is_a_batch_of_its_own() -> None:
+    """A request the daemon marks ``alone`` (a worker died computing it among others) is
+    computed in a batch of its own; the rest batch as before."""
+    w = _bare_worker(budget=1000)
+    for rid, alone in (("a", False), ("b", True), ("c", False)):
+        w.receive(_to_worker({"op": "req", "rid": rid, "ids": [1] * 50, "alone": alone}))
+    assert w.next_rids(linger=0) == (["b"], [[1] * 50])
+    batch = w.next_rids(linger=0)
+    assert batch is not None and sorted(batch[0]) == ["a", "c"]

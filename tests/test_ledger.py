@@ -343,7 +343,8 @@ ATTEMPTS = {
         ("feed 0", "send 0"),
         ("fail 0 ProducerCrashed retry worker 7 exited with code -15", "failed 0 ProducerCrashed env, send 0"),
         ("fail 0 ProducerCrashed retry worker 8 exited with code -9", "failed 0 ProducerCrashed env, send 0"),
-        ("fail 0 ProducerCrashed retry worker 9 exited with code 1", "failed 0 ProducerCrashed retry, send 0#2"),
+        ("fail 0 ProducerCrashed retry worker 9 exited with code 1, computing a batch of 2: each is sent again alone", "failed 0 ProducerCrashed env, send 0"),
+        ("fail 0 ProducerCrashed retry worker 9 exited with code 1, computing this sample alone", "failed 0 ProducerCrashed retry, send 0#2"),
     ]),
     "no live worker counts no attempt": ({"max_attempts": 2}, [
         ("feed 0", "send 0"),
@@ -634,6 +635,14 @@ ENDINGS = {
         ("fail 1 BadDump retry", ""),
         ("finish", ""),
         ("lose", ""),
+    ]),
+    "a dump that breaks the capture contract: exit 8 at once, no sample charged": ({}, [
+        ("feed 0 1", "send 0, send 1"),
+        ("dump 0", "commit 0"),
+        ("commit 0 ContractBroken", "remove 0, stopfeed, stopped, done 8"),
+        ("check failed=0 saved=0 pending=10 inflight=0 code=8", ""),
+        ("fail 1 BadDump retry", ""),
+        ("finish", ""),
     ]),
     "a journal failure no pause can cure: exit 1 at once": ({}, [
         ("feed 0", "send 0"),

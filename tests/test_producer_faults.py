@@ -165,6 +165,33 @@ def test_bad_dump_without_retries_is_a_recorded_failure(
     assert not (out / crashcheck.relpath_of(idx)).exists()
 
 
+def test_a_dump_of_other_layers_stops_the_run_charging_no_sample(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """``bad_dump:layers``: the HF worker writes a dump of one layer fewer (names and
+    states), as a producer launched for another capture would. The run stops with exit 8
+    naming the expected and found layers and the producer; no sample failed (not even its
+    attempt is charged); the same command on a right producer completes exactly."""
+    data, out = tmp_path / "data.jsonl", tmp_path / "out"
+    valid, malformed = runkit.dataset(data, 15)
+    once = f"@{tmp_path / 'fired'}"
+    r = runkit.run(
+        tiny_model_dir, data, out, "--max-attempts", "1", fault=f"bad_dump:layers:3{once}"
+    )
+    assert r.returncode == 8, r.stderr[-3000:]
+    said = r.stderr + runkit.log_of(out)
+    assert "break the job's capture contract" in said, said[-3000:]
+    assert "the HF workers" in said and "the job captures layers [" in said, said[-3000:]
+    assert "the dump captured layers [" in said, said[-3000:]
+    assert not [f for f in _failures(out) if f["idx"] in valid], _failures(out)
+    stopped = runkit.records(out, "run_stopped")
+    assert stopped and stopped[-1]["exit_code"] == 8, stopped
+    assert not runkit.records(out, "run_finished")
+    r = runkit.run(tiny_model_dir, data, out)
+    assert r.returncode == 0, r.stderr[-3000:]
+    runkit.assert_complete(out, valid, malformed)
+
+
 def test_bad_dump_is_retried_then_saved(tiny_model_dir: Path, tmp_path: Path) -> None:
     data, out = tmp_path / "data.jsonl", tmp_path / "out"
     valid, malformed = runkit.dataset(data, 15)

@@ -1,12 +1,21 @@
 """The progress line of ``eagle3d run`` / ``demo``: its words (pure) and when it is written.
 
-The live, in-place line on a real terminal is tested in ``tests/test_tmux.py``.
+The live, in-place line on a real terminal is tested in ``tests/test_tmux.py`` (the screen)
+and here (the bytes written to a real pseudo-terminal).
 """
 
 from __future__ import annotations
 
+import fcntl
 import io
+import os
+import re
+import struct
+import subprocess
+import termios
+from pathlib import Path
 
+import runkit
 from eagle3d.serve.progress import ProgressLine, describe
 from eagle3proto import events as ev
 from eagle3proto import reducer
@@ -89,3 +98,57 @@ def test_plain_lines_on_a_change_of_state_and_every_ten_seconds() -> None:
         "  loading model /m · 11 s",
         "  saved 0/10 (0.0%) · in flight 0 · 0.00 samples/s · 0 tok/s · ETA unknown yet",
     ]
+
+
+def test_run_on_a_real_pty_rewrites_one_line_and_keeps_log_lines_whole(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """Issue 27, point 10: ``eagle3d run`` with its stderr a real pseudo-terminal. The bytes
+    it writes: the progress line redrawn in place (carriage return, erase line) with no new
+    line between two draws; a warning (a malformed row) printed as a whole line of its own
+    above it; the final ``summary:`` line whole."""
+    data = runkit.write_jsonl(tmp_path / "data.jsonl", [*runkit.conversations(30), "{bad json"])
+    out = tmp_path / "out"
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))
+    env = runkit.env_without_faults(EAGLE3D_FAULT="worker_slow:200")
+    env.pop("JOURNAL_STREAM", None)
+    proc = subprocess.Popen(
+        runkit.run_args(tiny_model_dir, data, out, "--workers", "1"),
+        stdin=subprocess.DEVNULL,
+        stdout=slave,
+        stderr=slave,
+        env=env,
+        start_new_session=True,
+    )
+    os.close(slave)
+    raw = b""
+    with runkit.reaped(proc):  # type: ignore[arg-type]
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: every holder of the terminal's other end has exited
+                break
+            if not chunk:
+                break
+            raw += chunk
+        assert proc.wait(60) == 0, raw.decode(errors="replace")[-3000:]
+    os.close(master)
+    text = raw.decode().replace("\x1b[?25l", "").replace("\x1b[?25h", "")  # cursor off/on
+    lines = [ln.split("\r\x1b[2K")[-1] for ln in text.split("\r\n")]  # what stays on screen
+    draws = [d for ln in text.split("\r\n") for d in ln.split("\r\x1b[2K")]
+    progress = [d for d in draws if re.search(r"saved \d+/31 \(", d)]
+    assert len(set(progress)) >= 2, text  # redrawn as it moved
+    # two draws in a row with no line between: rewritten in place
+    assert re.search(r"saved \d+/31 \([^\n]*\r\x1b\[2K[^\n]*saved \d+/31 \(", text), text
+    warning = [ln for ln in lines if " WARNING " in ln and "bad JSON" in ln]
+    assert len(warning) == 1 and warning[0].startswith("20"), lines  # whole, from its start
+    assert "saved " not in warning[0], warning
+    summary = [ln for ln in lines if "eagle3d: summary: " in ln]
+    assert len(summary) == 1, lines
+    assert (
+        summary[0]
+        .split("eagle3d: ", 1)[1]
+        .startswith("summary: saved 30/31 · 1 failed (bad_json 1) · ")
+    ), summary
+    assert summary[0].rstrip().endswith(" s") and "\x1b" not in summary[0], summary

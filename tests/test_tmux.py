@@ -267,3 +267,54 @@ def test_eagle3d_run_draws_one_live_progress_line_on_a_terminal(tmp_path, tiny_m
         assert "saved 0/-1" not in s and "ETA 0s" not in s
     finally:
         t.kill()
+
+
+_FOR_N_S = re.compile(r"loading model \S+ \(hf[^)]*\) for (\d+) s")
+
+
+def test_the_header_ticks_with_once_during_a_model_load(tmp_path, tiny_model_dir) -> None:
+    """Issue 27, point 11: during a 40 s model load the TUI's state line ("loading model …
+    for N s") advances second by second and agrees with ``--once``'s, read between two
+    captures of the screen (before: the header said "starting for 0 s" for ~10 s while
+    ``--once`` said "loading … for 2 s")."""
+    import runkit
+
+    data, out = tmp_path / "data.jsonl", tmp_path / "out"
+    runkit.write_jsonl(data, runkit.conversations(5))
+    proc = runkit.start(tiny_model_dir, data, out, "--workers", "1", fault="worker_slow_load:40000")
+    t = Tmux([EAGLE3_TOP, "--output", str(out)])
+    try:
+        with runkit.reaped(proc):
+
+            def seconds(screen: str) -> int | None:
+                m = _FOR_N_S.search(screen)
+                return int(m.group(1)) if m else None
+
+            first = seconds(t.wait_screen(lambda s: seconds(s) is not None, timeout=90))
+            assert first is not None
+            seen = [first]
+            for _ in range(3):  # three ticks, each compared with --once read between captures
+                p = subprocess.run(
+                    [EAGLE3_TOP, "--once", "--output", str(out)],
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                )
+                m = _FOR_N_S.search(p.stdout)
+                assert m, p.stdout
+                told = int(m.group(1))
+                later = t.wait_screen(
+                    lambda s, told=told: (
+                        (seconds(s) or -1) > seen[-1] and (seconds(s) or -1) >= told
+                    ),
+                    timeout=10,
+                )
+                now_shown = seconds(later)
+                assert now_shown is not None
+                # --once read between the two captures: within a second of both
+                assert seen[-1] - 1 <= told <= now_shown + 1, (seen, told, now_shown)
+                assert now_shown - told <= 2, (told, now_shown, later)
+                seen.append(now_shown)
+            assert seen == sorted(seen) and len(set(seen)) == len(seen), seen
+    finally:
+        t.kill()

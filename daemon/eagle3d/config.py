@@ -209,12 +209,41 @@ def build(file_values: dict[str, Any], flag_values: dict[str, Any], source: str 
     return cfg
 
 
-def add_job_arguments(p: argparse.ArgumentParser) -> None:
-    """The flags of ``eagle3d run`` (every one also a TOML key).
+#: The settings that only a run uses: how it reaches and drives the producer, where it puts
+#: its transient files, and whether it may start. ``eagle3d plan`` neither takes nor lists
+#: them (a job file may still hold them: plan reads the file as the run does and ignores them).
+RUN_ONLY = frozenset(
+    {
+        "server",
+        "dump_dir",
+        "socket",
+        "concurrency",
+        "max_attempts",
+        "request_timeout",
+        "batch_tokens",
+        "workers",
+        "worker_threads",
+        "device",
+        "dtype",
+        "writer",
+        "no_space_check",
+        "force_resume",
+    }
+)
+
+
+def add_job_arguments(p: argparse.ArgumentParser, *, run: bool = True) -> None:
+    """The flags of ``eagle3d run`` (every one also a TOML key); with ``run=False`` those
+    that shape the plan only (not :data:`RUN_ONLY`), for ``eagle3d plan``.
 
     Long: one ``add_argument`` per flag, in the order ``--help`` lists them; a table, not
     logic."""
-    a = p.add_argument
+
+    def a(*flags: str, **kw: Any) -> None:
+        dest = kw.get("dest") or flags[0].lstrip("-").replace("-", "_")
+        if run or dest not in RUN_ONLY:
+            p.add_argument(*flags, **kw)
+
     a("--config", metavar="JOB.toml", help="read settings from a TOML job file")
     a("--model", help="model directory (weights + tokenizer + chat template)")
     a(
@@ -247,7 +276,8 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         dest="max_line_bytes",
         metavar="N",
-        help="a JSONL line longer than this fails alone, named, without being read whole"
+        help="a JSONL line longer than this fails alone, named, without being read whole;"
+        " a JSON array's item or a parquet row over it fails alone, never decoded"
         " (default 67108864: 64 MiB)",
     )
     a(

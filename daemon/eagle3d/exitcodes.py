@@ -45,7 +45,13 @@ CODES = (
         " (N may change only between runs)",
         False,
     ),
-    ExitCode(8, "PRODUCER", "producer could not start", True),
+    ExitCode(
+        8,
+        "PRODUCER",
+        "producer could not start, or its dumps break the job's capture contract (layers,"
+        " hidden size)",
+        True,
+    ),
     ExitCode(
         9,
         "FAILED",

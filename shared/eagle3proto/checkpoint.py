@@ -81,7 +81,7 @@ def write(jdir: str, data: bytes) -> None:
     """Put an encoded checkpoint in place atomically (temp file, fsync, rename, fsync dir)."""
     final = path_in(jdir)
     tmp = final + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)  # as the journal
     try:
         view = memoryview(data)
         while view:

@@ -1,7 +1,11 @@
 """Typed, versioned progress events: the contract between eagle3d and every monitor.
 
 Every record is a msgpack map with ``kind`` (the tag), ``seq`` (strictly +1 within a
-journal shard), ``ts`` (wall-clock seconds) and ``run`` (the job's run id).
+journal shard), ``ts`` (wall-clock seconds), ``run`` (the job's run id) and, from a daemon
+session's ``run_started`` on, ``bt``: the machine's ``CLOCK_BOOTTIME`` when it was written
+(seconds since boot, the same for every process of that boot, never moved by a wall-clock
+step). With the session's ``boot_id`` (in ``run_started``) a reader of the same boot takes
+ages, rates and ETAs from ``bt``, not from wall-clock differences (docs/monitor.md).
 
 Schema evolution follows msgspec's rules: a new field always gets a default, an existing
 field never changes type, unknown fields are ignored on decode and unknown kinds decode
@@ -24,6 +28,9 @@ class Event(msgspec.Struct, tag_field="kind", kw_only=True, omit_defaults=True, 
     seq: int = 0
     ts: float = 0.0
     run: str = ""
+    #: CLOCK_BOOTTIME seconds when written (0: not recorded: an older eagle3d, a record
+    #: before its session's run_started, or another tool's).
+    bt: float = 0.0
 
     #: Records of a commit-carrying kind are made durable (fdatasync) before anyone is told.
     durable: ClassVar[bool] = False
@@ -73,6 +80,9 @@ class RunStarted(Event, tag="run_started"):
     #: this share of the total makes it exit 9, and the monitor warns by the same rule
     #: (:func:`eagle3proto.views.too_many_failed`). -1: a journal from before it was recorded.
     max_failed_fraction: float = -1.0
+    #: The job's space reserve in bytes (``--space-reserve``, resolved on the output's
+    #: filesystem): the monitor calls the output disk full only below it. -1: not recorded.
+    space_reserve_bytes: int = -1
     # The session reads the dataset pinned (a changed file stops it; no line is ever cut
     # short by a file that ended early). An older version's bad_json failures are retried.
     dataset_pinned: bool = False
@@ -116,6 +126,9 @@ class SampleSaved(Event, tag="sample_saved"):
     #: ``original_tokens`` (0 in journals written before it was recorded).
     truncated: bool = False
     original_tokens: int = 0
+    #: ``original_tokens`` is an estimate: the row's text was cut before tokenizing (over
+    #: ``max_length`` x 64 characters) and its length scaled from the tokens of the part kept.
+    original_estimated: bool = False
 
 
 class SampleFailed(Event, tag="sample_failed"):
@@ -280,6 +293,7 @@ class Unknown(msgspec.Struct, kw_only=True):
     seq: int = 0
     ts: float = 0.0
     run: str = ""
+    bt: float = 0.0
 
 
 KnownEvent = (

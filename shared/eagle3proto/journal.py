@@ -51,6 +51,9 @@ class JournalWriter:
         on_position: called after each run of published events with where the last one's
             frame is (a checkpoint's position), on the same thread as ``listener``.
         clock: wall-clock source for ``ts`` (time is an argument).
+        boottime: the boot clock for ``bt`` (``CLOCK_BOOTTIME``; None: not stamped). Records
+            are stamped from the first ``run_started`` this writer appends on: a record
+            before it would be read against the previous session's boot.
         fileops: the filesystem seam.
     """
 
@@ -66,6 +69,7 @@ class JournalWriter:
         listener: Callable[[ev.Event], None] | None = None,
         on_position: Callable[[Position], None] | None = None,
         clock: Callable[[], float] = time.time,
+        boottime: Callable[[], float] | None = None,
         fileops: OsFileOps | None = None,
         background: bool = True,
     ) -> None:
@@ -80,6 +84,8 @@ class JournalWriter:
         # seq -> (segment name, frame start, frame end, frame crc), until published
         self._frames: dict[int, tuple[str, int, int, int]] = {}
         self.clock = clock
+        self.boottime = boottime
+        self._stamp_bt = False  # from this writer's first run_started on
         self.fs = fileops or OsFileOps()
         self._background = background
         self.run_id = ""
@@ -217,6 +223,10 @@ class JournalWriter:
                 event.seq = self._next_seq + n
                 if not event.ts:
                     event.ts = self.clock()
+                if self.boottime is not None and not event.bt:
+                    self._stamp_bt = self._stamp_bt or isinstance(event, ev.RunStarted)
+                    if self._stamp_bt:
+                        event.bt = self.boottime()
                 event.run = self.run_id
                 frames.append(encode_frame(ev.encode(event)))
             self._next_seq += len(events)

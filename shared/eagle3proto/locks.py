@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 
 PROC_LOCKS = "/proc/locks"
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
@@ -67,6 +68,12 @@ def boot_id() -> str:
         return ""
 
 
+def boottime() -> float:
+    """Seconds since boot on ``CLOCK_BOOTTIME``: one clock for every process of this boot,
+    counting suspended time, never stepped by ``settimeofday`` (a journal record's ``bt``)."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
 def is_eagle3d(pid: int) -> bool:
     """True when ``pid`` runs eagle3d (``python -m eagle3d ...`` or the ``eagle3d`` script)."""
     try:
@@ -109,4 +116,4 @@ def is_process(pid: int, started: int, boot: str) -> bool:
     return now != 0 and (started == 0 or now == started)
 
 
-__all__ = ["boot_id", "describe", "holders", "is_process", "start_time"]
+__all__ = ["boot_id", "boottime", "describe", "holders", "is_process", "start_time"]

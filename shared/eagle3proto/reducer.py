@@ -109,12 +109,19 @@ class ShardState(msgspec.Struct, kw_only=True):
     finish_code: int = 0  # exit code of the last run_finished (non-zero: too many failed)
     skipped: int = 0  # blank lines of the shard (no samples)
     max_failed_fraction: float = -1.0  # the run's failure rule (-1: not recorded)
+    space_reserve_bytes: int = -1  # the job's space reserve (-1: not recorded)
     # Working time: seconds in ``running`` (the producer up, not paused, loading or
     # draining), every session of the journal; the rates count over it (eagle3proto.views).
     work_s: float = 0.0  # closed working spans
     work_from: float = 0.0  # start of the open working span (0: not working)
     spans: list[tuple[float, float]] = []  # the closed working spans of the last HISTORY_SECONDS
     newest_ts: float = 0.0  # ts of the newest record folded
+    # The session's timeline (docs/monitor.md): its run_started's wall time and boot-clock
+    # reading. A record stamped with ``bt`` is folded at ``anchor_ts + (bt - anchor_bt)``,
+    # so a wall clock stepped during the session moves no age, rate or ETA (0: not
+    # recorded, records are folded at their ``ts``).
+    anchor_ts: float = 0.0
+    anchor_bt: float = 0.0
 
 
 def new_state() -> ShardState:
@@ -132,16 +139,22 @@ def apply_all(s: ShardState, events: Iterable[ev.Event | ev.Unknown]) -> ShardSt
     last_ts = s.last_ts
     e = None
     for e in events:
+        if type(e) is ev.RunStarted:
+            s.anchor_ts, s.anchor_bt = e.ts, e.bt
+        t = e.ts
+        # On the session's timeline (a record before the anchor is not of this session).
+        if e.bt and s.anchor_bt and e.bt >= s.anchor_bt:
+            t = s.anchor_ts + (e.bt - s.anchor_bt)
         if not s.first_ts:
-            s.first_ts = e.ts
+            s.first_ts = t
         entry = dispatch.get(type(e))
         if entry is None:  # an Unknown record from a newer eagle3d
-            last_ts[e.kind] = e.ts
+            last_ts[e.kind] = t
             s.unknown_kinds += 1
             continue
-        last_ts[entry[0]] = e.ts
-        entry[1](s, e)
-        s.newest_ts = e.ts
+        last_ts[entry[0]] = t
+        entry[1](s, e, t)
+        s.newest_ts = t
     if e is not None:
         s.seq = e.seq
         s.run = e.run
@@ -196,7 +209,7 @@ def close_span(s: ShardState, end: float) -> None:
         del s.spans[0]
 
 
-def _run_started(s: ShardState, e: ev.RunStarted) -> None:
+def _run_started(s: ShardState, e: ev.RunStarted, t: float) -> None:
     # A new session: whatever the last one had in flight is pending again, and the last
     # session's producer is gone with it.
     s.stage.clear()
@@ -207,17 +220,18 @@ def _run_started(s: ShardState, e: ev.RunStarted) -> None:
     s.total = e.total
     s.session = e.session
     s.pid, s.pid_start, s.boot_id = e.pid, e.pid_start, e.boot_id
-    _set_state(s, "starting", "", e.ts)
-    s.state_since = e.ts
+    _set_state(s, "starting", "", t)
+    s.state_since = t
     s.up_ts = 0.0
-    s.producer, s.producer_message, s.producer_since = "", "", e.ts
+    s.producer, s.producer_message, s.producer_since = "", "", t
     s.load_rss, s.load_progress_ts = 0, 0.0
     s.stop_code = 0
     s.finish_code = 0
     s.skipped = e.skipped
     s.max_failed_fraction = e.max_failed_fraction
-    s.session_start_ts = e.ts
-    s.changed["sent"] = e.ts
+    s.space_reserve_bytes = e.space_reserve_bytes
+    s.session_start_ts = t
+    s.changed["sent"] = t
 
 
 def _came_up(s: ShardState, ts: float) -> None:
@@ -226,26 +240,26 @@ def _came_up(s: ShardState, ts: float) -> None:
         _set_state(s, "running", "", ts)
 
 
-def _sent(s: ShardState, e: ev.SampleSent) -> None:
+def _sent(s: ShardState, e: ev.SampleSent, t: float) -> None:
     if not s.up_ts:  # a journal from before the run_state running record: the first send
-        _came_up(s, e.ts)
+        _came_up(s, t)
     s.requests += 1
     if e.attempt > 1:
         s.retries += 1
-    _set_stage(s, e.idx, SENT, e.ts)
+    _set_stage(s, e.idx, SENT, t)
 
 
-def _dumped(s: ShardState, e: ev.SampleDumped) -> None:
+def _dumped(s: ShardState, e: ev.SampleDumped, t: float) -> None:
     if e.idx in s.stage:
         s.dumps += 1
-        _set_stage(s, e.idx, DUMPED, e.ts)
-        s.changed["dumped"] = e.ts
+        _set_stage(s, e.idx, DUMPED, t)
+        s.changed["dumped"] = t
 
 
-def _saved(s: ShardState, e: ev.SampleSaved) -> None:
+def _saved(s: ShardState, e: ev.SampleSaved, t: float) -> None:
     if not s.up_ts:  # (as in _sent: a save proves the producer was up)
-        _came_up(s, e.ts)
-    _set_stage(s, e.idx, 0, e.ts)
+        _came_up(s, t)
+    _set_stage(s, e.idx, 0, t)
     if s.failed_idx.pop(e.idx, None) is not None:
         s.failed -= 1
     s.saved += 1
@@ -254,16 +268,16 @@ def _saved(s: ShardState, e: ev.SampleSaved) -> None:
     if e.truncated:
         s.truncated += 1
         s.tokens_dropped += max(e.original_tokens - e.tokens, 0)
-    s.changed["saved"] = e.ts
-    s.changed["dumped"] = e.ts
-    t = int(e.ts)
+    s.changed["saved"] = t
+    s.changed["dumped"] = t
+    sec = int(t)
     h = s.history
-    if h and h[-1].t == t:
+    if h and h[-1].t == sec:
         b = h[-1]
     else:
-        b = Bucket(t)
+        b = Bucket(sec)
         h.append(b)
-        cut = t - HISTORY_SECONDS
+        cut = sec - HISTORY_SECONDS
         if h[0].t <= cut:
             # Drop expired buckets from the front in place: rebuilding the whole window on
             # every new second made replaying a long journal quadratic-ish.
@@ -276,21 +290,21 @@ def _saved(s: ShardState, e: ev.SampleSaved) -> None:
     b.bytes += e.bytes
 
 
-def _invalid(s: ShardState, e: ev.SampleInvalid) -> None:
+def _invalid(s: ShardState, e: ev.SampleInvalid, t: float) -> None:
     # verify --repair found a committed sample damaged: it is pending again. The byte and
     # token totals keep what was written; the history keeps when it was.
     s.saved = max(s.saved - 1, 0)
-    s.changed["saved"] = e.ts
+    s.changed["saved"] = t
     if s.state == "finished":
         s.state = "stopped"
         s.state_reason = "repaired: damaged samples to redo"
         s.finish_code = 0
 
 
-def _failed(s: ShardState, e: ev.SampleFailed) -> None:
+def _failed(s: ShardState, e: ev.SampleFailed, t: float) -> None:
     s.errors.append(
         ErrorInfo(
-            idx=e.idx, error=e.error, message=e.message, attempt=e.attempt, retry=e.retry, ts=e.ts
+            idx=e.idx, error=e.error, message=e.message, attempt=e.attempt, retry=e.retry, ts=t
         )
     )
     if len(s.errors) > MAX_ERRORS:
@@ -301,57 +315,57 @@ def _failed(s: ShardState, e: ev.SampleFailed) -> None:
         if s.failed_idx.pop(e.idx, None) is not None:
             s.failed -= 1
         return
-    _set_stage(s, e.idx, 0, e.ts)
+    _set_stage(s, e.idx, 0, t)
     if e.idx not in s.failed_idx:
         s.failed_idx[e.idx] = e.error
         s.failed += 1
-    s.changed["failed"] = e.ts
+    s.changed["failed"] = t
 
 
-def _stats(s: ShardState, e: ev.Stats) -> None:
+def _stats(s: ShardState, e: ev.Stats, t: float) -> None:
     s.stats = e
     s.orphans = max(s.orphans, e.orphans)
     if s.state in ("starting", "loading") and e.producer_rss_bytes > s.load_rss + LOAD_STEP_BYTES:
         s.load_rss = e.producer_rss_bytes
-        s.load_progress_ts = e.ts
+        s.load_progress_ts = t
 
 
-def _run_state(s: ShardState, e: ev.RunState) -> None:
+def _run_state(s: ShardState, e: ev.RunState, t: float) -> None:
     if e.state == "running" and not s.up_ts:
-        s.up_ts = e.ts
-    _set_state(s, e.state, e.reason, e.ts)
+        s.up_ts = t
+    _set_state(s, e.state, e.reason, t)
 
 
-def _producer(s: ShardState, e: ev.ProducerEvent) -> None:
+def _producer(s: ShardState, e: ev.ProducerEvent, t: float) -> None:
     if e.state != s.producer:
-        s.producer_since = e.ts
+        s.producer_since = t
     s.producer = e.state
     s.producer_message = e.message
 
 
-def _orphan(s: ShardState, e: ev.DumpOrphan) -> None:
+def _orphan(s: ShardState, e: ev.DumpOrphan, t: float) -> None:
     s.orphans += 1
 
 
-def _stopped(s: ShardState, e: ev.RunStopped) -> None:
+def _stopped(s: ShardState, e: ev.RunStopped, t: float) -> None:
     s.stage.clear()
     s.in_flight = s.committing = 0
-    _set_state(s, "stopped", e.reason, e.ts)
+    _set_state(s, "stopped", e.reason, t)
     s.stop_code = e.exit_code
 
 
-def _finished(s: ShardState, e: ev.RunFinished) -> None:
+def _finished(s: ShardState, e: ev.RunFinished, t: float) -> None:
     s.stage.clear()
     s.in_flight = s.committing = 0
-    _set_state(s, "finished", "", e.ts)
+    _set_state(s, "finished", "", t)
     s.finish_code = e.exit_code
 
 
-def _recovered(s: ShardState, e: ev.Recovered) -> None:
+def _recovered(s: ShardState, e: ev.Recovered, t: float) -> None:
     s.recovered.append(f"{e.segment}@{e.offset}: {e.reason}, {e.dropped_bytes} bytes set aside")
 
 
-_HANDLERS: dict[str, Callable[[ShardState, Any], None]] = {
+_HANDLERS: dict[str, Callable[[ShardState, Any, float], None]] = {
     "run_started": _run_started,
     "sample_sent": _sent,
     "sample_dumped": _dumped,
@@ -368,7 +382,7 @@ _HANDLERS: dict[str, Callable[[ShardState, Any], None]] = {
 }
 
 #: event type -> (kind, handler): a type lookup is far cheaper than reading the tag per record.
-_DISPATCH: dict[type, tuple[str, Callable[[ShardState, Any], None]]] = {
+_DISPATCH: dict[type, tuple[str, Callable[[ShardState, Any, float], None]]] = {
     t: (k, _HANDLERS[k]) for k, t in ev.KINDS.items()
 }
 

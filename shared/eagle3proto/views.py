@@ -43,6 +43,28 @@ def failure_limit(s: ShardState) -> float:
     return s.max_failed_fraction if s.max_failed_fraction >= 0 else MAX_FAILED_FRACTION
 
 
+# -- whose clock: ages on the session's timeline, not wall-clock differences -----------------
+
+
+def timeline_now(s: ShardState, wall: float, boot_id: str, boottime: float) -> float:
+    """``now`` on the timeline ``s`` was folded on (:mod:`eagle3proto.reducer`).
+
+    On the boot that wrote the session (``boot_id`` is the reader's, ``boottime`` its
+    ``CLOCK_BOOTTIME`` reading): the session's ``run_started`` wall time plus the boot clock
+    since, so that ``now - t`` for a record folded at ``t`` is a boot-clock difference,
+    whatever the wall clocks of the daemon and the reader did. Otherwise (another host or
+    boot, a journal without boot-clock stamps): ``wall``. Time is an argument.
+    """
+    if on_boot_clock(s, boot_id):  # (a reading before the anchor: ages < 0, judged unknown)
+        return s.anchor_ts + (boottime - s.anchor_bt)
+    return wall
+
+
+def on_boot_clock(s: ShardState, boot_id: str) -> bool:
+    """Whether a reader on boot ``boot_id`` takes the ages of ``s`` from the boot clock."""
+    return bool(s.anchor_bt and boot_id and s.boot_id == boot_id)
+
+
 class Rates(msgspec.Struct, kw_only=True):
     samples_s: float = 0.0
     tokens_s: float = 0.0

@@ -19,6 +19,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
+from eagle3proto import locks
 from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding
@@ -30,7 +31,7 @@ from textual.widgets import Footer, Static
 
 from . import hostpanels, panels
 from .feeds import Feed, ShardWatch
-from .model import Row
+from .model import Row, stamp_clocks
 
 HELP = """\
 eagle3-top: every number comes from the daemon's journal (via its socket, the
@@ -119,6 +120,7 @@ class Eagle3Top(App[int]):
         *,
         rows: list[Row] | None = None,
         clock: Callable[[], float] = time.time,
+        boot: Callable[[], tuple[str, float]] | None = None,
         interval: float = 1.0,
         tz_offset_s: float | None = None,
         run_feeds: bool = True,
@@ -128,6 +130,7 @@ class Eagle3Top(App[int]):
         self.feeds = feeds or []
         self.rows = rows if rows is not None else [f.row for f in self.feeds]
         self.clock = clock
+        self.boot = boot or _boot_clock
         self.interval = interval
         self.tz_offset_s = tz_offset_s
         self.run_feeds = run_feeds
@@ -279,10 +282,16 @@ class Eagle3Top(App[int]):
         except NoMatches:
             return 0
 
+    def _now(self) -> float:
+        """The wall time, with the boot clock read at the same moment for every row (their
+        ages are boot-clock differences where the journal is of this boot)."""
+        stamp_clocks(self.rows, *self.boot())
+        return self.clock()
+
     def tick(self) -> None:
         """Redraw from the rows at ``clock()``; only the header while the screen is frozen."""
         self._watch_shards()
-        now = self.clock()
+        now = self._now()
         rows, tz = self.rows, self.tz_offset_s
         report = panels.verdict(rows, now)
         self._set("header", panels.header(rows, now, self.paused, tz, report))
@@ -343,7 +352,7 @@ class Eagle3Top(App[int]):
         if self.paused or self._version() == self._drawn_version:
             return
         self._mark_pipeline()
-        now = self.clock()
+        now = self._now()
         full = self._widths()[0]
         gap = self._pipeline_gap()
         self._set("pipeline", panels.pipeline(self.rows, now, full - gap, self.tz_offset_s))
@@ -364,6 +373,10 @@ class Eagle3Top(App[int]):
             f.reconnect()
         self.notify("reconnecting now", timeout=2)
         self.tick()
+
+
+def _boot_clock() -> tuple[str, float]:
+    return locks.boot_id(), locks.boottime()
 
 
 def build_feeds(

@@ -126,6 +126,11 @@ def _once(args: argparse.Namespace) -> int:
         rows = [sources.once_remote(h, remote_args(args)) for h in args.hosts]
     else:
         rows = [sources.once_local(t) for t in targets(args)]
+    from eagle3proto import locks
+
+    from .model import stamp_clocks
+
+    stamp_clocks(rows, locks.boot_id(), locks.boottime())
     doc, report = once.build(rows, time.time())
     fmt_name = args.format or ("" if args.textfile else "text")
     if args.textfile or fmt_name == "prometheus":

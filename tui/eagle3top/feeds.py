@@ -185,7 +185,6 @@ class LocalFeed(Feed):
                 if is_beacon(path):
                     continue  # no daemon is starting
                 errors.append(f"socket {path}: {getattr(e, 'strerror', None) or e}")
-                self.row.error = "; ".join(errors)
                 continue
             writer.write(wire.encode(wire.Hello(client="eagle3-top")))
             self.row.source = "socket"
@@ -193,6 +192,10 @@ class LocalFeed(Feed):
             if self.row.source in ("socket", "beacon"):
                 self.row.conn = "disconnected"
             return got
+        # Said only once no candidate answered: a starting daemon's beacon, tried after the
+        # event socket, must not be shown as "no socket" while it is being reached.
+        if errors:
+            self.row.error = "; ".join(errors)
         return False
 
     async def _follow_journal(self, seconds: float) -> None:

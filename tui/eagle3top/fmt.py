@@ -87,6 +87,11 @@ def bar(fraction: float, width: int) -> str:
     return "█" * full + "░" * (width - full)
 
 
+#: The default ``--space-reserve``: below this much free space the output filesystem counts
+#: as full where the journal does not record the job's own reserve.
+DISK_FULL_BYTES = 256 << 20
+
+
 @dataclass(frozen=True, slots=True)
 class DiskProjection:
     """Will the rest of the job fit on the output filesystem?"""
@@ -96,11 +101,12 @@ class DiskProjection:
     needed_bytes: int | None  # bytes still to write at the current mean sample size
     fits: bool | None  # None: nothing saved yet, cannot project
     runs_out_in_s: float | None  # at the current write rate, when it does not fit
-    full: bool  # already (practically) full
+    full: bool  # below the job's reserve (the run's --space-reserve)
+    reserve_bytes: int = DISK_FULL_BYTES  # the job's, or the default where not recorded
 
     def describe(self) -> str:
         if self.full:
-            return "FULL"
+            return f"FULL (< reserve {size(self.reserve_bytes)})"
         if self.fits is None:
             return "no projection yet"
         if self.fits:
@@ -109,25 +115,32 @@ class DiskProjection:
             return f"runs out in {duration(self.runs_out_in_s)}"
         return f"does not fit ({size(self.needed_bytes)} needed)"
 
+    def numbers(self) -> str:
+        """The free space, the reserve and what the rest needs, in words."""
+        said = f"{size(self.free_bytes)} free, reserve {size(self.reserve_bytes)}"
+        if self.needed_bytes is not None:
+            said += f", the job needs ~{size(self.needed_bytes)} more"
+        return said
 
-#: Below this much free space the output filesystem counts as full.
-DISK_FULL_BYTES = 256 << 20
 
+def project_disk(v: View, disk: ev.DiskUsage | None, reserve: int = -1) -> DiskProjection | None:
+    """Project the size at completion against the free space of the output filesystem.
 
-def project_disk(v: View, disk: ev.DiskUsage | None) -> DiskProjection | None:
-    """Project the size at completion against the free space of the output filesystem."""
+    ``reserve`` is the job's space reserve (``run_started``'s ``space_reserve_bytes``; -1:
+    not recorded, the default reserve is assumed): the disk is full only below it."""
     if disk is None:
         return None
-    full = disk.free_bytes < DISK_FULL_BYTES
+    reserve = reserve if reserve >= 0 else DISK_FULL_BYTES
+    full = disk.free_bytes < reserve
     if v.saved <= 0 or v.total < 0:
-        return DiskProjection(disk.free_bytes, disk.total_bytes, None, None, None, full)
+        return DiskProjection(disk.free_bytes, disk.total_bytes, None, None, None, full, reserve)
     per_sample = v.bytes_saved / v.saved
     needed = int(per_sample * v.remaining)
     fits = needed <= disk.free_bytes
     runs_out = None
     if not fits and v.rate_1m.bytes_s > 0:
         runs_out = disk.free_bytes / v.rate_1m.bytes_s
-    return DiskProjection(disk.free_bytes, disk.total_bytes, needed, fits, runs_out, full)
+    return DiskProjection(disk.free_bytes, disk.total_bytes, needed, fits, runs_out, full, reserve)
 
 
 def find_disk(stats: ev.Stats | None, label: str) -> ev.DiskUsage | None:

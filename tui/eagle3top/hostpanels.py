@@ -77,7 +77,8 @@ def disk(rows: list[Row], now: float) -> Text:
             t.append(f"{fmt.size(used)} used, {fmt.size(d.free_bytes)} free", style=style)
             t.append(f" ({frac * 100:.0f}% full)", style=style or DIM)
             if d.label == "output" and not old:
-                p = fmt.project_disk(v, d)
+                mine = [x.state.space_reserve_bytes for x in rows if x.host == r.host and x.state]
+                p = fmt.project_disk(v, d, max(mine, default=-1))
                 if p is not None:
                     good = p.fits is not False and not p.full
                     t.append(f"\n  at completion: {p.describe()}", style=GOOD if good else BAD)

@@ -32,7 +32,15 @@ from dataclasses import dataclass, field
 
 from eagle3proto import layouts, wire
 from eagle3proto.reducer import ShardState
-from eagle3proto.views import SILENT_AFTER_S, STALL_AFTER_S, View, combine, view
+from eagle3proto.views import (
+    SILENT_AFTER_S,
+    STALL_AFTER_S,
+    View,
+    combine,
+    on_boot_clock,
+    timeline_now,
+    view,
+)
 
 from .fmt import duration
 
@@ -103,6 +111,22 @@ class Row:
     closed_by: int = 0
     #: a starting daemon's stage, from its start beacon (None: not from a beacon)
     start: wire.StartInfo | None = None
+    #: the monitor's boot id and ``CLOCK_BOOTTIME`` when judged (:func:`stamp_clocks`):
+    #: ages of a journal of this boot are boot-clock differences (:meth:`at`)
+    boot_id: str = ""
+    boottime: float = 0.0
+
+    def at(self, now: float) -> float:
+        """The wall time ``now`` on this row's timeline (:func:`eagle3proto.views.timeline_now`):
+        what every age, rate and ETA of the row is measured from."""
+        s = self.state
+        return now if s is None else timeline_now(s, now, self.boot_id, self.boottime)
+
+    def by_wall_clock(self) -> bool:
+        """Whether this row's ages are wall-clock differences although its daemon stamped
+        the boot clock: the journal is of another host or boot (or the monitor has no boot id)."""
+        s = self.state
+        return s is not None and bool(s.anchor_bt) and not on_boot_clock(s, self.boot_id)
 
     def shown(self) -> ShardState | None:
         """The state as the job counts it: a closed journal's total is what it settled."""
@@ -117,6 +141,7 @@ class Row:
         return self.alive is False or (s is not None and s.state in ("finished", "stopped"))
 
     def view(self, now: float) -> View:
+        now = self.at(now)
         s = self.shown()
         if s is None:
             return View(label=self.label, state="unknown")
@@ -168,7 +193,10 @@ def _since(seconds: float) -> str:
 
 
 def health(row: Row, now: float) -> Health:
-    """Judge one shard. Pure: the row and ``now`` in, a word, a level and a reason out."""
+    """Judge one shard. Pure: the row and ``now`` in, a word, a level and a reason out.
+    Ages are taken on the row's timeline (:meth:`Row.at`): a wall clock stepped under the
+    daemon or the monitor hides no stall and makes none."""
+    now = row.at(now)
     s = row.shown()
     if s is None:
         return Health("unknown", UNKNOWN, row.error or "no socket and no journal")
@@ -249,6 +277,12 @@ def _loading(s: ShardState, now: float) -> Health:
         return Health(word, OK, reason)
     quiet = f"no progress for {_since(progress)}" if progress is not None else "no progress seen"
     return Health(word, WARNING, f"{reason}, {quiet} (limit {_since(LOAD_LIMIT_S)})")
+
+
+def stamp_clocks(rows: list[Row], boot_id: str, boottime: float) -> None:
+    """Give every row the monitor's boot clock reading, taken just before a judgement."""
+    for r in rows:
+        r.boot_id, r.boottime = boot_id, boottime
 
 
 def rank(level: int, state: str) -> tuple[int, int]:

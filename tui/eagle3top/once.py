@@ -33,6 +33,10 @@ class DiskDoc(msgspec.Struct, kw_only=True):
     projected_bytes: int | None = None  # still to write at the mean sample size
     fits: bool | None = None
     runs_out_in_s: float | None = None
+    #: the job's space reserve (``--space-reserve``; 256 MiB where the journal lacks it), and
+    #: whether the free space is below it: the only case the monitor calls the disk full
+    reserve_bytes: int | None = None
+    full: bool | None = None
 
 
 class GpuDoc(msgspec.Struct, kw_only=True):
@@ -163,6 +167,15 @@ def _counts(v: View, now: float) -> dict[str, object]:
     }
 
 
+def _clock_note(r: Row) -> list[str]:
+    if not r.by_wall_clock():
+        return []
+    return [
+        "ages by this host's wall clock (the journal was written on another host or boot):"
+        " a clock step on either side moves them"
+    ]
+
+
 def build(rows: list[Row], now: float) -> tuple[OnceDoc, Report]:
     """The ``--json`` document and the report for a set of rows at time ``now``.
 
@@ -200,7 +213,7 @@ def build(rows: list[Row], now: float) -> tuple[OnceDoc, Report]:
                 daemon_rss_bytes=stats.rss_bytes if stats else None,
                 gpu_note=stats.gpu_note if stats else "",
                 error=r.error,
-                notes=r.notes,
+                notes=[*r.notes, *_clock_note(r)],
                 start=r.start,
                 **_counts(v, now),  # type: ignore[arg-type]
             )
@@ -222,7 +235,8 @@ def build(rows: list[Row], now: float) -> tuple[OnceDoc, Report]:
             continue  # disks and GPUs are per host: report them once
         seen_hosts.add(r.host)
         for d in stats.disk:
-            proj = fmt.project_disk(v, d) if d.label == "output" else None
+            reserve = r.state.space_reserve_bytes if r.state else -1
+            proj = fmt.project_disk(v, d, reserve) if d.label == "output" else None
             disks.append(
                 DiskDoc(
                     host=r.host,
@@ -234,6 +248,8 @@ def build(rows: list[Row], now: float) -> tuple[OnceDoc, Report]:
                     projected_bytes=proj.needed_bytes if proj else None,
                     fits=proj.fits if proj else None,
                     runs_out_in_s=proj.runs_out_in_s if proj else None,
+                    reserve_bytes=proj.reserve_bytes if proj else None,
+                    full=proj.full if proj else None,
                 )
             )
         for g in stats.gpus:

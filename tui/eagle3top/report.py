@@ -8,8 +8,9 @@ report adds what a state alone does not say, per shard with a live daemon:
   code follows the same rule): "too many failures" once more than that share of the job
   failed for good, else "failures rising" while the producer works and more than that share
   of the samples finished in the last 5 minutes failed (WARNING);
-* the output filesystem full (< 256 MiB free, CRITICAL) or the rest of the job projected not
-  to fit (WARNING);
+* the output filesystem full: less free than the job's reserve (``--space-reserve``, from
+  ``run_started``; 256 MiB where not recorded), CRITICAL; or the rest of the job projected
+  not to fit (WARNING, with the free space, the reserve and what the job still needs);
 * a GPU XID error within the last hour (CRITICAL), uncorrected ECC errors since the driver
   loaded, or a hardware slowdown / thermal / power-brake throttle (WARNING).
 * the run's own verdict on its failures (the finished state's level, from ``run_finished``'s
@@ -163,13 +164,20 @@ class Report:
             return []
         out: list[tuple[int, str]] = []
         out.extend(failure_findings(s, h.state, now))
-        proj = fmt.project_disk(row.view(now), fmt.find_disk(s.stats, "output"))
+        disk = fmt.find_disk(s.stats, "output")
+        proj = fmt.project_disk(row.view(now), disk, s.space_reserve_bytes)
         if proj is None or (proj.full and h.state == "paused"):
             pass  # paused on that full disk: the pause already says so
         elif proj.full:
-            out.append((CRITICAL, f"output disk full ({fmt.size(proj.free_bytes)} free)"))
+            out.append(
+                (
+                    CRITICAL,
+                    f"output disk full: {fmt.size(proj.free_bytes)} free, below the job's"
+                    f" reserve {fmt.size(proj.reserve_bytes)} (--space-reserve)",
+                )
+            )
         elif proj.fits is False:
-            out.append((WARNING, f"disk {proj.describe()}"))
+            out.append((WARNING, f"output disk: {proj.describe()} ({proj.numbers()})"))
         for g in s.stats.gpus if s.stats else []:
             if g.last_xid_ts and now - g.last_xid_ts <= XID_CRITICAL_S:
                 ago = fmt.duration(max(now - g.last_xid_ts, 0.0))

@@ -41,6 +41,9 @@ class Rules:
     max_failed_fraction: float = 0.05
     dump_dir: str = ""
     dataset: str = ""  # named in the warning for a rejected row
+    producer: str = (
+        ""  # named when its dumps break the capture contract ("the SGLang server at URL")
+    )
 
 
 class Book:

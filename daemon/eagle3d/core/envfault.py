@@ -124,6 +124,12 @@ SAMPLE = Verdict(counted=True)
 #: ``hf_protocol.EXIT_OUT_OF_MEMORY``): the host's memory, never a sample's fault.
 OUT_OF_MEMORY = "out of memory"
 
+#: Said of a request whose worker died (exited, was killed or hung) while computing it in a
+#: batch of its own: the one-sample run that proves the sample's own data is the cause, the
+#: only worker death that counts an attempt. A death in a batch of several, or before the
+#: request started, counts none: each sample of that batch is sent again alone.
+ALONE = "computing this sample alone"
+
 
 def producer_failure(
     error: str, message: str, *, stopping: bool, dump_dir: str, dump_area_full: bool
@@ -153,6 +159,8 @@ def producer_failure(
             return Verdict(False, why=f"the worker was killed by {signal.Signals(sig).name}")
         if OUT_OF_MEMORY in message:
             return Verdict(False, why="the worker ran out of memory")
+        if ALONE not in message:
+            return Verdict(False, why="the worker did not die computing this sample alone")
     if error == "ProducerDown":
         return Verdict(False, why="the producer is down")
     return SAMPLE
@@ -211,6 +219,7 @@ def dump_area_full(free: int, largest_dump: int) -> bool:
 
 
 __all__ = [
+    "ALONE",
     "DISK_FULL",
     "DUMPS",
     "ENV_ERRNOS",

@@ -70,7 +70,7 @@ from eagle3d.core.envfault import OUTPUT, SAMPLE, EnvFault, dump_area_full, prod
 from eagle3d.core.pauses import Probe, ProbeResult
 from eagle3d.core.resume import describe_counts, finish_code, outcome_words
 from eagle3d.core.sample import DUMPED, FAILED, PENDING, SAVED, SENT, CommitJob
-from eagle3d.exitcodes import EXIT_FINGERPRINT, EXIT_INTERNAL, EXIT_OK
+from eagle3d.exitcodes import EXIT_FINGERPRINT, EXIT_INTERNAL, EXIT_OK, EXIT_PRODUCER
 
 #: What waits for the producer to be up (the pre-run hold); the feeder's rows wait in the
 #: queue, and the rest means something at any stage.
@@ -316,6 +316,9 @@ class Ledger(Book):
             self._check_done()
         elif isinstance(result, oc.OutputGone):
             self._lose(result.message)
+        elif isinstance(result, oc.ContractBroken):
+            self._emit(fx.RemoveDump(p.dump_path))
+            self._producer_broken(result.message)
         elif isinstance(result, oc.NotRecorded):
             # The recorder reported why (a pause, or a stop) before this outcome arrived.
             self.retry_commits.append(p)
@@ -501,6 +504,30 @@ class Ledger(Book):
         self._emit(fx.Record(ev.RunStopped(reason=what, exit_code=EXIT_FINGERPRINT)))
         self._set_done()
         return self._end(now)
+
+    def _producer_broken(self, what: str) -> None:
+        """The producer's dumps break the job's capture contract (``what``: the layers or
+        hidden size expected and found): every dump it writes would be refused alike, so the
+        run stops at once with exit 8, never finished, and no sample is charged (what is in
+        flight is pending again)."""
+        if self.done:
+            return
+        who = self.rules.producer or "the producer"
+        said = f"{who} writes dumps that break the job's capture contract: {what}"
+        self._log(
+            ERROR,
+            f"{said}. Stopping at once (exit {EXIT_PRODUCER}); no sample was charged. Start"
+            " the producer with the job's layers (for SGLang: the arguments of `eagle3d"
+            " sglang-args --model-path MODEL`) and rerun the same command",
+        )
+        self.exit_code = EXIT_PRODUCER
+        self.stopping = said
+        self.inflight.clear()
+        self.requeue.clear()
+        self.retry_commits.clear()
+        self._emit(fx.StopFeed())
+        self._emit(fx.Record(ev.RunStopped(reason=said, exit_code=EXIT_PRODUCER)))
+        self._set_done()
 
     def finish(self, now: float) -> list[fx.Effect]:
         """After :class:`~eagle3d.core.effects.Finish` (the last reading is taken):

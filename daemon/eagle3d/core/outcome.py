@@ -40,6 +40,13 @@ class BadDump(Outcome, frozen=True):
     message: str
 
 
+class ContractBroken(Outcome, frozen=True):
+    """The dump's layers or hidden size are not the job's capture contract: the producer's
+    fault (every dump it writes will be alike), never the sample's. The run stops."""
+
+    message: str
+
+
 class WriteRefused(Outcome, frozen=True):
     """The output refused the write with an environment errno (full, unwritable, failing)."""
 
@@ -77,6 +84,7 @@ AnyOutcome = (
     | NotRecorded
     | DumpLost
     | BadDump
+    | ContractBroken
     | WriteRefused
     | DirGone
     | OutputGone

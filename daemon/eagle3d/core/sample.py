@@ -38,6 +38,7 @@ class Sample:
     loss_mask: list[int]
     truncated: bool = False
     full_length: int = 0  # the row's length before truncation (0: not known)
+    length_estimated: bool = False  # full_length estimated (cut before tokenizing)
     attempt: int = 0  # counted attempts (the sample's own failures), this one included
     sends: int = 0  # every send, uncounted ones included: names the request
     rid: str = ""
@@ -64,6 +65,7 @@ class CommitJob:
     full_length: int  # the row's length before truncation (0: not known)
     dump_path: str
     dump_bytes: int
+    length_estimated: bool = False  # full_length estimated (cut before tokenizing)
 
     @classmethod
     def of(cls, p: Sample) -> CommitJob:
@@ -76,6 +78,7 @@ class CommitJob:
             p.full_length,
             p.dump_path,
             p.dump_bytes,
+            p.length_estimated,
         )
 
 

@@ -77,6 +77,13 @@ class DumpVanished(BadDump):
     or cleaned under the job. Nothing is wrong with what the producer computed."""
 
 
+class ContractBroken(BadDump):
+    """The dump's layers (their ids, their count) or its hidden size are not the job's
+    capture contract: the producer is set up for another capture (an SGLang server launched
+    without the job's layer arguments), so every dump it writes will be refused alike.
+    Nothing is wrong with the sample."""
+
+
 def vanished(path: str) -> DumpVanished:
     return DumpVanished(f"{os.path.basename(path)} vanished before it was read")
 

@@ -71,6 +71,13 @@ __all__ = ["ON_OVERFLOW", "ChatEncoder", "Tokenized"]
 
 ON_OVERFLOW = ("truncate", "skip")
 
+#: With ``max_length`` set, a rendered text is tokenized only up to ``max_length`` times this
+#: many characters (no real token is that long), so a 30 MB message is never tokenized whole.
+CHARS_PER_TOKEN = 64
+#: Tokens that end this close to the cut are not trusted (a word cut in half tokenizes
+#: differently): only those before it are kept.
+CUT_MARGIN = 4096
+
 
 @dataclass(slots=True)
 class Tokenized:
@@ -80,6 +87,9 @@ class Tokenized:
     loss_mask: list[int]
     truncated: bool = False
     full_length: int = 0
+    #: ``full_length`` is an estimate: the text was cut before tokenizing (see
+    #: :data:`CHARS_PER_TOKEN`) and its length scaled from the tokens of the part kept.
+    estimated: bool = False
 
 
 Messages = Sequence[dict[str, str]]
@@ -240,28 +250,50 @@ class ChatEncoder:
             raise BadSample(idx, "template_error", f"chat template: {e}") from None
         if not text:
             raise BadSample(idx, "empty", "empty after applying the chat template")
-        ids, offsets = self._tokenize(text)
+        ids, offsets, full = self._tokenize_bounded(text)
         if not ids:
             raise BadSample(idx, "empty", "no tokens after applying the chat template")
-        return self._limit(idx, ids, _mask(offsets, spans))
+        return self._limit(idx, ids, _mask(offsets, spans), full)
+
+    def _tokenize_bounded(self, text: str) -> tuple[list[int], list[tuple[int, int]], int]:
+        """``text`` tokenized, but with ``max_length`` set only as far as it must be: the
+        first ``max_length * CHARS_PER_TOKEN`` characters (twice that, and so on, while they
+        give no more than ``max_length`` trusted tokens). Returns the ids, their offsets and
+        the text's length in tokens: exact when tokenized whole, else an estimate (> 0)."""
+        cut = self.max_length * CHARS_PER_TOKEN + CUT_MARGIN
+        while self.max_length and cut < len(text):
+            ids, offsets = self._tokenize(text[:cut])
+            keep = bisect_right([end for _, end in offsets], cut - CUT_MARGIN)
+            if keep > self.max_length:
+                covered = max(offsets[keep - 1][1], 1)
+                estimate = max(keep + 1, round(keep * len(text) / covered))
+                return ids[:keep], offsets[:keep], estimate
+            cut *= 2
+        ids, offsets = self._tokenize(text)
+        return ids, offsets, 0
 
     def _tokenize(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         enc = self._backend.encode(text, add_special_tokens=False)
         return enc.ids, enc.offsets  # fresh lists from the Rust side
 
-    def _limit(self, idx: int, ids: list[int], mask: list[int]) -> Tokenized:
-        n = len(ids)
+    def _limit(self, idx: int, ids: list[int], mask: list[int], estimate: int = 0) -> Tokenized:
+        """Cut to ``max_length``; ``estimate``: the whole text's estimated length in tokens
+        when only a part of it was tokenized (0: ``ids`` are all of it)."""
+        n = estimate or len(ids)
         truncated = False
         if self.max_length and n > self.max_length:
             if self.on_overflow == "skip":
+                about = "about " if estimate else ""
                 raise BadSample(
-                    idx, "too_long", f"{n} tokens > max_length {self.max_length} (skipped)"
+                    idx,
+                    "too_long",
+                    f"{about}{n} tokens > max_length {self.max_length} (skipped)",
                 )
             ids, mask, truncated = ids[: self.max_length], mask[: self.max_length], True
         if not any(mask):
             where = f" within max_length {self.max_length}" if truncated else ""
             raise BadSample(idx, "no_loss", f"no assistant token{where}: nothing to train on")
-        return Tokenized(ids, mask, truncated, n)
+        return Tokenized(ids, mask, truncated, n, bool(estimate))
 
 
 def _common_prefix(a: str, b: str) -> int:

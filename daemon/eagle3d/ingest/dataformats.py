@@ -49,10 +49,12 @@ MAX_LINE_BYTES = 64 << 20
 
 @dataclass(frozen=True, slots=True)
 class TooLong:
-    """A line longer than the limit, in place of its bytes (which were never held)."""
+    """A line longer than the limit, in place of its bytes (which were never held); or a
+    JSON array's item, a parquet row, over the same limit (``unit``), never decoded."""
 
     nbytes: int
     limit: int
+    unit: str = "line"
 
 
 #: A row as read: a JSONL line's bytes or a parquet row's columns (or a line too long).
@@ -249,28 +251,42 @@ def iter_rows(
 ) -> Iterator[tuple[int, Row]]:
     """``(idx, row)`` for the rows with ``idx % shard_count == shard_index``, in order."""
     if fmt.name == "parquet":
-        yield from _parquet_rows(path, fmt, shard_index, shard_count, pin)
+        yield from _parquet_rows(path, fmt, shard_index, shard_count, pin, max_line)
         return
     rows: Iterator[Any] = (
-        iter(_array(path, pin)) if fmt.name == "json" else _lines(path, fmt, pin, max_line)
+        _items(path, pin, max_line) if fmt.name == "json" else _lines(path, fmt, pin, max_line)
     )
     for idx, row in enumerate(rows):
         if idx % shard_count == shard_index:
             yield idx, row if isinstance(row, TooLong) else bytes(row)
 
 
+def _items(path: str, pin: Pin | None, max_line: int) -> Iterator[msgspec.Raw | TooLong]:
+    """A JSON array's items; one over ``max_line`` bytes is a :class:`TooLong`, never
+    decoded (the array itself is read whole: its format has no lines to read by)."""
+    for raw in _array(path, pin):
+        yield TooLong(len(raw), max_line, "item") if len(raw) > max_line else raw
+
+
 def _parquet_rows(
-    path: str, fmt: Format, shard_index: int, shard_count: int, pin: Pin | None
+    path: str, fmt: Format, shard_index: int, shard_count: int, pin: Pin | None, max_line: int
 ) -> Iterator[tuple[int, Row]]:
+    """A parquet table's rows; one whose columns take over ``max_line`` bytes is a
+    :class:`TooLong`, never made into Python objects."""
     import pyarrow.parquet as pq
 
     idx = 0
     with _open_raw(path, pin) as f:
         table = pq.ParquetFile(f)
         for batch in table.iter_batches(batch_size=1024, columns=list(fmt.columns)):
-            for row in batch.to_pylist():
+            for i in range(batch.num_rows):
                 if idx % shard_count == shard_index:
-                    yield idx, {k: _drop_nulls(v) for k, v in row.items()}
+                    one = batch.slice(i, 1)
+                    size = int(one.nbytes)  # the buffers this row's slice refers to
+                    if size > max_line:
+                        yield idx, TooLong(size, max_line, "row")
+                    else:
+                        yield idx, {k: _drop_nulls(v) for k, v in one.to_pylist()[0].items()}
                 idx += 1
 
 
@@ -297,8 +313,8 @@ def parse_row(idx: int, row: Row) -> Sample:
     if isinstance(row, TooLong):
         raise BadSample(
             idx,
-            "line_too_long",
-            f"the line is {row.nbytes:,} bytes, over the limit of {row.limit:,}"
+            f"{row.unit}_too_long",
+            f"the {row.unit} is {row.nbytes:,} bytes, over the limit of {row.limit:,}"
             " (--max-line-bytes); not read",
         )
     return parse_line(idx, row)

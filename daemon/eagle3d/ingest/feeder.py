@@ -117,6 +117,7 @@ class Feeder:
                     list(t.loss_mask),
                     bool(t.truncated),
                     full_length=int(t.full_length),
+                    length_estimated=t.estimated,
                 )
             except BadSample as bad:
                 bad.unit = unit(self.fmt)

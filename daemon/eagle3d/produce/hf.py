@@ -22,7 +22,7 @@ from typing import Any
 from eagle3proto.events import ProducerHealth
 from eagle3proto.wire import FrameBuffer
 
-from eagle3d.core.envfault import OUT_OF_MEMORY
+from eagle3d.core.envfault import ALONE, OUT_OF_MEMORY
 from eagle3d.core.sample import Request
 from eagle3d.produce.base import DumpGrace, Producer, ProducerEvents
 from eagle3d.produce.hf_layout import (
@@ -86,6 +86,9 @@ class HFProducer(Producer):
         self._backlog: list[Request] = []  # submitted while no worker was up
         self._grace = DumpGrace()  # dumps the workers wrote that the daemon has not seen
         self._requests: dict[str, Request] = {}  # at a worker: kept to move it elsewhere
+        # Samples a worker died computing in a batch of several: each is computed alone
+        # until it ends, so that a second death proves which one it was (envfault.ALONE).
+        self._suspects: set[int] = set()
         self._moved = 0  # requests handed from a busy worker to an idle one
         self._real = 0  # tokens computed for real, and with padding, over all batches
         self._padded = 0
@@ -145,7 +148,8 @@ class HFProducer(Producer):
         w = Worker(slot, proc, last_progress=time.monotonic())
         w.ready = asyncio.get_running_loop().create_future()
         self._workers[slot] = w
-        self._track(asyncio.create_task(self._read(w)))
+        w.reader = asyncio.create_task(self._read(w))
+        self._track(w.reader)
         return w
 
     async def _up(self, w: Worker) -> Worker:
@@ -195,7 +199,8 @@ class HFProducer(Producer):
             w.running = set()
             for rid in msg.rids:
                 w.inflight.pop(rid, None)
-                self._requests.pop(rid, None)
+                self._forget(rid)
+            w.unwritten.update(msg.rids)
             w.owes = bool(w.inflight)
             self._latency = [*self._latency, msg.secs][-20:]
             self._real += msg.tokens
@@ -218,11 +223,13 @@ class HFProducer(Producer):
         elif isinstance(msg, pr.Written):
             # Usually the daemon has seen most of a batch's dumps before the batch's
             # "written" arrives (it is sent after the last one): only the rest is awaited.
+            w.unwritten.difference_update(msg.rids)
             for rid in msg.rids:
                 self._grace.written(rid, now)
         elif isinstance(msg, pr.Fail) and self._events is not None:
             w.inflight.pop(msg.rid, None)
-            self._requests.pop(msg.rid, None)
+            w.unwritten.discard(msg.rid)
+            self._forget(msg.rid)
             self._events.request_failed(msg.rid, msg.error, msg.message, True)
 
     def _balance(self, idle: Worker) -> None:
@@ -278,18 +285,53 @@ class HFProducer(Producer):
             await self._restart(w, reason)
             return
 
+    def _forget(self, rid: str) -> None:
+        """Request ``rid`` ended (done, failed, cancelled): it is no longer a suspect."""
+        request = self._requests.pop(rid, None)
+        if request is not None:
+            self._suspects.discard(request.idx)
+
+    def _blame(self, w: Worker, reason: str) -> dict[str, str]:
+        """What each request in flight at dead worker ``w`` is told (see envfault.ALONE):
+        the batch it was computing, alone, is charged; in a batch of several, each is sent
+        again alone and nothing is charged; one not yet started, or computed but its dump not
+        yet written, was not involved."""
+        running = w.running & set(w.inflight)
+        said: dict[str, str] = {}
+        for rid in w.inflight:
+            request = self._requests.pop(rid, None)
+            if rid not in running:
+                said[rid] = f"{reason}, before this request started"
+            elif len(running) == 1:
+                said[rid] = f"{reason}, {ALONE}"
+            else:
+                said[rid] = (
+                    f"{reason}, computing a batch of {len(running)}: each is sent again alone"
+                )
+                if request is not None:
+                    self._suspects.add(request.idx)
+        for rid in w.unwritten:
+            # Computed, its dump still in the worker's writer queue when it died: without
+            # this it waited for the request timeout, and was charged an attempt there.
+            said[rid] = f"{reason}, before the dump it computed was written"
+        return said
+
     async def _restart(self, w: Worker, reason: str) -> None:
         assert self._events is not None
-        lost = list(w.inflight)
+        if w.reader is not None:
+            # The worker's last reports (a batch's start) are read before its requests are
+            # judged: the pipe ends soon after the process.
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(w.reader), 5.0)
+        lost = self._blame(w, reason)
         w.inflight.clear()
+        w.unwritten.clear()
         w.running = set()
-        for rid in lost:
-            self._requests.pop(rid, None)
         self._workers[w.slot] = None
         self._restarts += 1
         self._events.producer_state("restarting", reason)
-        for rid in lost:
-            self._events.request_failed(rid, "ProducerCrashed", reason, True)
+        for rid, said in lost.items():
+            self._events.request_failed(rid, "ProducerCrashed", said, True)
         delay = 0.5
         while not self._stopped:
             try:
@@ -354,13 +396,16 @@ class HFProducer(Producer):
         assert w.proc.stdin is not None
         # A dead worker's pipe refuses the write; its watcher resends everything in flight.
         with contextlib.suppress(ConnectionError, RuntimeError):
-            w.proc.stdin.write(pr.frame(pr.Req(request.rid, request.input_ids)))
+            alone = request.idx in self._suspects
+            w.proc.stdin.write(pr.frame(pr.Req(request.rid, request.input_ids, alone)))
 
     def cancel(self, rid: str) -> None:
         self._grace.forget(rid)
-        self._requests.pop(rid, None)
+        self._forget(rid)
         self._backlog = [r for r in self._backlog if r.rid != rid]
         for w in self._workers:
+            if w is not None:
+                w.unwritten.discard(rid)
             if w is not None and rid in w.inflight:
                 del w.inflight[rid]
                 assert w.proc.stdin is not None

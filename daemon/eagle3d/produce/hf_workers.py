@@ -46,6 +46,8 @@ class Worker:
     ready: asyncio.Future[pr.Ready] | None = None
     info: pr.Ready | None = None
     stopping: bool = False
+    reader: asyncio.Task[None] | None = None  # reads its reports until its pipe ends
+    unwritten: set[str] = field(default_factory=set)  # computed ("done"), not yet "written"
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,10 +16,25 @@ process, does not fire again):
 * ``worker_oom:<tokens>`` - in the HF worker's forward, a batch of more than ``tokens``
   tokens makes a real allocation too large for any machine (``bytearray(2**62)``), which
   raises a real MemoryError: memory that a smaller batch would not need.
-* ``bad_dump:<ids|shape|nan|truncate|vanish>:<n>`` - the HF worker corrupts its n-th dump
-  (``vanish``: deletes it right after writing it, as a cleanup of the dump area would).
+* ``worker_crash:<n>`` - the HF worker exits with code 1 in the middle of its n-th forward
+  (a crash of the process, as a bug in a library or a driver makes).
+* ``worker_device_error:<n>`` - the HF worker's n-th forward raises ``RuntimeError("CUDA
+  error: device-side assert triggered")``, as a failing device does.
+* ``worker_crash_over:<tokens>`` - every forward of a batch holding a sample longer than
+  ``tokens`` tokens exits with code 1: a sample that crashes its worker every time.
+* ``bad_dump:<ids|shape|nan|truncate|vanish|layers>:<n>`` - the HF worker corrupts its n-th
+  dump (``vanish``: deletes it right after writing it, as a cleanup of the dump area would;
+  ``layers``: writes one layer fewer, names and states, as a producer set up for another
+  capture would).
+* ``export_slow:<ms>`` - ``eagle3d export`` rests ``ms`` milliseconds after every sample (a
+  long export of a small job, so that a test sees its progress lines).
 * ``hook_drop:<n>`` - the SGLang capture hook's writer silently drops its n-th dump (no file,
   no failure marker), as a server dying between its answer and the write would.
+* ``wall_offset:<path>`` - the daemon's wall clock (its records' ``ts``) reads the seconds
+  written in ``path`` (re-read each second; a step mid-run is a new number) ahead of the
+  machine's: a clock set back or stepped forward under the daemon alone, never the
+  machine's own. (libfaketime 0.9.10 cannot do it: with ``FAKETIME_DONT_FAKE_MONOTONIC=1``,
+  which keeps the boot clock true, Python's ``time.sleep`` fails with EINVAL.)
 
 With the variable unset every check is a dictionary lookup that returns False.
 """
@@ -28,6 +43,8 @@ from __future__ import annotations
 
 import os
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 KILL_POINTS = (
@@ -41,7 +58,7 @@ KILL_POINTS = (
     "export_before_sync",  # eagle3d export: records written, not yet synced
 )
 
-BAD_DUMPS = ("ids", "shape", "nan", "truncate", "vanish")
+BAD_DUMPS = ("ids", "shape", "nan", "truncate", "vanish", "layers")
 
 
 @dataclass(slots=True)
@@ -71,9 +88,15 @@ def parse(text: str) -> dict[str, Fault]:
             "worker_slow",
             "worker_slow_load",
             "worker_oom",
+            "worker_crash",
+            "worker_device_error",
+            "worker_crash_over",
             "hook_drop",
+            "export_slow",
         ):
             out[name] = Fault(name, "", int(parts[1]) if len(parts) > 1 else 1, marker)
+        elif name == "wall_offset":
+            out[name] = Fault(name, spec.partition(":")[2], 1, marker)
         elif name == "bad_dump":
             if len(parts) < 2 or parts[1] not in BAD_DUMPS:
                 raise ValueError(f"EAGLE3D_FAULT: bad_dump needs {'|'.join(BAD_DUMPS)}: {spec!r}")
@@ -130,7 +153,40 @@ def allocate_for(tokens: int) -> None:
         bytearray(1 << 62)  # MemoryError from the allocator itself
 
 
+def crash_in_forward(longest: int) -> None:
+    """``worker_crash``, ``worker_device_error``, ``worker_crash_over``: the forward of a
+    batch whose longest sample has ``longest`` tokens dies here, if one is armed."""
+    over = armed("worker_crash_over")
+    if (over is not None and longest > over.n) or hit("worker_crash") is not None:
+        os._exit(1)
+    if hit("worker_device_error") is not None:
+        raise RuntimeError("CUDA error: device-side assert triggered")
+
+
 def kill_point(point: str) -> None:
     """Exit abruptly here if ``kill:<point>`` is armed (no cleanup, like SIGKILL)."""
     if hit(f"kill:{point}") is not None:
         os._exit(137)
+
+
+def wall_clock() -> Callable[[], float]:
+    """The daemon's wall clock: ``time.time``, or with ``wall_offset`` armed, it plus the
+    seconds in the fault's file (read at most once a second)."""
+    fault = _active().get("wall_offset")
+    if fault is None:
+        return time.time
+    path = fault.arg
+    last = [-1.0, 0.0]  # when read (monotonic), the offset read
+
+    def clock() -> float:
+        now = time.monotonic()
+        if now - last[0] >= 1.0:
+            last[0] = now
+            try:
+                with open(path) as f:
+                    last[1] = float(f.read().strip() or 0)
+            except (OSError, ValueError):
+                pass  # keep the last offset: a file being rewritten
+        return time.time() + last[1]
+
+    return clock

@@ -18,6 +18,7 @@ from eagle3proto.codec import encode_frame
 class Req(msgspec.Struct, tag="req", tag_field="op"):
     rid: str
     ids: list[int]
+    alone: bool = False  # computed in a batch of its own (a worker died with it in a batch)
 
 
 class Cancel(msgspec.Struct, tag="cancel", tag_field="op"):

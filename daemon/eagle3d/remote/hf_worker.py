@@ -127,6 +127,7 @@ class Worker:
         self.capture = Capture(model, self.layers)
         self.pad_id = 0
         self.pending: dict[str, list[int]] = {}
+        self.alone: set[str] = set()  # pending requests to compute in a batch of their own
         # Guards ``pending`` and ``closed``; the main loop waits on it for requests.
         self.cond = threading.Condition()
         self.closed = False  # stdin closed or "stop": finish the running batch and exit
@@ -168,6 +169,8 @@ class Worker:
                 return
             if isinstance(msg, pr.Req):
                 self.pending[msg.rid] = msg.ids
+                if msg.alone:
+                    self.alone.add(msg.rid)
             elif isinstance(msg, pr.Cancel):
                 self.pending.pop(msg.rid, None)
             elif isinstance(msg, pr.Give):
@@ -199,8 +202,11 @@ class Worker:
             fault = faults.hit("bad_dump")
             if fault is not None:
                 ids, aux, hid = self._corrupt(fault.arg, ids, aux, hid)
+            # A producer set up for another capture (one layer fewer, as an SGLang server
+            # launched without the job's layer arguments) for the "layers" fault.
+            layers = self.layers[:-1] if fault is not None and fault.arg == "layers" else None
             try:
-                path = self._write(dump, rid, ids, aux, hid, scales)
+                path = self._write(dump, rid, ids, aux, hid, scales, layers)
             except OSError as e:
                 # A full or vanished dump area must not kill this thread: the worker would
                 # go on computing batches nobody receives until its queue blocked it.
@@ -217,13 +223,16 @@ class Worker:
             elif fault is not None and fault.arg == "vanish":
                 os.unlink(path)
 
-    def _write(self, dump: Any, rid: str, ids: Any, aux: Any, hid: Any, scales: Any) -> str:
+    def _write(
+        self, dump: Any, rid: str, ids: Any, aux: Any, hid: Any, scales: Any, layers: Any
+    ) -> str:
+        layers = self.layers if layers is None else layers
         try:
-            return str(dump.write_dump(self.dump_dir, rid, ids, aux, hid, self.layers, scales))
+            return str(dump.write_dump(self.dump_dir, rid, ids, aux, hid, layers, scales))
         except FileNotFoundError:
             # The dump area was removed under us (a /dev/shm cleanup): make it again, once.
             os.makedirs(self.dump_dir, exist_ok=True)
-            return str(dump.write_dump(self.dump_dir, rid, ids, aux, hid, self.layers, scales))
+            return str(dump.write_dump(self.dump_dir, rid, ids, aux, hid, layers, scales))
 
     def _corrupt(self, how: str, ids: Any, aux: Any, hid: Any) -> tuple[Any, Any, Any]:
         if how == "ids":
@@ -231,6 +240,8 @@ class Worker:
             ids[0] += 1
         elif how == "shape":
             aux = aux[:-1]
+        elif how == "layers":  # the states of one layer fewer
+            aux = aux[..., : aux.shape[-1] - aux.shape[-1] // len(self.layers)].contiguous()
         elif how == "nan":
             hid = hid.clone()
             hid[0, 0] = float("nan")
@@ -264,6 +275,11 @@ class Worker:
                     return None
                 if self.pending:  # else a "give" took them all meanwhile
                     break
+            self.alone &= self.pending.keys()  # cancelled or given away meanwhile
+            if self.alone:
+                rid = next(r for r in self.pending if r in self.alone)
+                self.alone.discard(rid)
+                return [rid], [self.pending.pop(rid)]
             lengths = {rid: len(ids) for rid, ids in self.pending.items()}
             rids = next_batch(lengths, batch_budget(sum(lengths.values()), self.budget))
             return rids, [self.pending.pop(r) for r in rids]
@@ -330,6 +346,7 @@ class Worker:
         mask = mask.to(self.device)
         with torch.inference_mode():
             faults.allocate_for(int(mask.sum()))
+            faults.crash_in_forward(longest)
             out = self.model.model(input_ids=ids, attention_mask=mask, use_cache=False)
         final = out.last_hidden_state
         aux = torch.cat([self.capture.states[i] for i in self.layers], dim=-1)

@@ -81,6 +81,15 @@ def remove_if_empty(dump_dir: str) -> None:
             return  # not empty (dumps of another shard or job), or already gone
 
 
+def producer_name(cfg: config.JobConfig) -> str:
+    """The producer in words, for the messages that blame it."""
+    if cfg.backend == "sglang":
+        return f"the SGLang server at {cfg.server}"
+    if cfg.backend == "hf":
+        return f"the HF workers ({cfg.model})"
+    return f"the {cfg.backend} producer"
+
+
 def make_ledger(
     cfg: config.JobConfig,
     facts: job.JobFacts,
@@ -99,6 +108,7 @@ def make_ledger(
         max_failed_fraction=cfg.max_failed_fraction,
         dump_dir=where.dump_dir,
         dataset=cfg.dataset,
+        producer=producer_name(cfg),
     )
     shard = where.shard
     return Ledger(

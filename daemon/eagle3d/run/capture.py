@@ -177,7 +177,9 @@ def write(output: str, mine: dict[str, Any]) -> None:
     # A temp name of this process's own: the shards of one job start together and each
     # writes the same contract.
     tmp = f"{p}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
+    # 0640 like the journal and the samples: nothing for other users (issue 26).
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o640)
+    with open(fd, "w", encoding="utf-8") as f:
         json.dump(mine, f, indent=1, sort_keys=True)
         f.write("\n")
         f.flush()

@@ -26,7 +26,7 @@ from eagle3proto.paths import sample_relpath
 from eagle3d.core import outcome as oc
 from eagle3d.core.envfault import env_errno
 from eagle3d.core.sample import CommitJob
-from eagle3d.dumps.format import BadDump, DumpVanished
+from eagle3d.dumps.format import BadDump, ContractBroken, DumpVanished
 from eagle3d.remote import faults
 from eagle3d.run.diskguard import OutputIdentity
 from eagle3d.run.inbox import Committed
@@ -63,6 +63,8 @@ def commit_batch(
         for k, (p, done) in enumerate(zip(batch, written, strict=True)):
             if isinstance(done, DumpVanished):
                 out[k] = oc.DumpLost(str(done))
+            elif isinstance(done, ContractBroken):
+                out[k] = oc.ContractBroken(f"{done} (dump {p.dump_path})")
             elif isinstance(done, BadDump):
                 out[k] = oc.BadDump(str(done))
             elif isinstance(done, CommitError):
@@ -77,6 +79,7 @@ def commit_batch(
                     checksum=done.checksum,
                     truncated=p.truncated,
                     original_tokens=p.full_length if p.truncated else 0,
+                    original_estimated=p.truncated and p.length_estimated,
                 )
                 saved.append((k, rec))
         if saved and not recorder.append_many([rec for _, rec in saved]):

@@ -54,6 +54,7 @@ from eagle3d.core.sample import SAVED, SKIPPED
 from eagle3d.exitcodes import EXIT_INTERNAL, EXIT_OK, EXIT_OUTPUT, EXIT_PRODUCER, Fatal
 from eagle3d.produce.base import Producer
 from eagle3d.produce.factory import make_producer, starting_words
+from eagle3d.remote import faults
 from eagle3d.remote.threadnames import name_threads
 from eagle3d.run import capture, checkpoints, diskguard, job, layout, preflight, spacecheck
 from eagle3d.run import recorder as recording
@@ -228,6 +229,20 @@ class Daemon:
         stack.callback(ticker.close)  # the progress line's last word, first
         return await self._start_and_run(stack, p, ticker, producer)
 
+    def _journal(self, ckpts: Checkpoints) -> JournalWriter:
+        """The shard's journal writer: records stamped with the wall clock and, from the
+        session's ``run_started`` on, the boot clock (ages immune to wall-clock steps)."""
+        return JournalWriter(
+            self.jdir,
+            shard_index=self.shard.index,
+            shard_count=self.shard.count,
+            listener=ckpts.listener,
+            on_position=ckpts.on_position,
+            clock=faults.wall_clock(),  # time.time, or a test's wall-clock step
+            boottime=locks.boottime,
+            fileops=recording.FaultFileOps(),  # a module attribute: tests slot a layer under it
+        )
+
     async def _open(self, stack: Stack) -> Opened:
         """The checks, the lock, the job's facts, the journal replayed and open. Every check
         that can refuse a new job runs before anything is written under the output."""
@@ -250,14 +265,7 @@ class Daemon:
         self.status[:] = bytearray(facts.lines)
         # Every record reaches subscribers through the inbox, and the checkpoint writer.
         ckpts = Checkpoints(self.jdir, self.inbox.put)
-        journal = JournalWriter(
-            self.jdir,
-            shard_index=self.shard.index,
-            shard_count=self.shard.count,
-            listener=ckpts.listener,
-            on_position=ckpts.on_position,
-            fileops=recording.FaultFileOps(),  # a module attribute: tests slot a layer under it
-        )
+        journal = self._journal(ckpts)
         resume = ResumeFold(self.status, self.state)
         start = await asyncio.to_thread(checkpoints.restore, resume, self.jdir)
         journal.open(resume.sink, start)
@@ -409,6 +417,7 @@ class Daemon:
     ) -> ev.RunStarted:
         return ev.RunStarted(
             max_failed_fraction=self.cfg.max_failed_fraction,
+            space_reserve_bytes=spacecheck.reserve_bytes(self.cfg),
             job=facts.job,
             total=facts.total,
             session=session,

@@ -113,4 +113,16 @@ def fits_at_most(
     return True
 
 
-__all__ = ["check_space", "fits_at_most"]
+def reserve_bytes(cfg: config.JobConfig) -> int:
+    """The job's ``--space-reserve`` in bytes on its output's filesystem (a share like ``2%``
+    of that filesystem's size); -1 when the filesystem cannot be read. Recorded in
+    ``run_started`` so that the monitor calls the disk full by the job's own reserve."""
+    from eagle3d.store import sizing
+
+    try:
+        return sizing.parse_size(cfg.space_reserve, sizing.free_space(cfg.output).total)
+    except (OSError, ValueError):
+        return -1
+
+
+__all__ = ["check_space", "fits_at_most", "reserve_bytes"]

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from eagle3proto import events as ev
-from eagle3proto import reducer, views
+from eagle3proto import locks, reducer, views
 
 from eagle3d.core import messages as m
 from eagle3d.ingest.pin import Pin
@@ -74,6 +74,12 @@ class Ticker:
         self.pin = pin  # the dataset as pinned at the start, or None
         self._telemetry: Telemetry | None = None
         self._progress: ProgressLine | None = None
+        self._boot_id = locks.boot_id()
+
+    def now(self) -> float:
+        """The wall time on the session's timeline: the rate, the ETA and the STATUS line
+        count boot-clock seconds, whatever the wall clock did since the start."""
+        return views.timeline_now(self.state, time.time(), self._boot_id, locks.boottime())
 
     def stats(self, phase: str, producer_rss: bool = False) -> ev.Stats:
         """One stats record: disk, GPUs, this process, and the producer's health."""
@@ -137,7 +143,7 @@ class Ticker:
         from eagle3d.serve.notify import format_status
 
         led = self.pipeline.ledger
-        view = views.view(self.state, time.time())
+        view = views.view(self.state, self.now())
         phase = None if led.phase == "running" else led.phase
         self.notifier.status(format_status(view, phase))
         ping = self.watchdog.should_ping(now, led.last_progress, len(led.inflight), led.idle)
@@ -150,8 +156,8 @@ class Ticker:
             from eagle3d.serve.progress import ProgressLine
 
             self._progress = ProgressLine.for_daemon()
-        self._progress.update(self.state, time.time())
+        self._progress.update(self.state, self.now())
 
     def close(self) -> None:
         if self._progress is not None:
-            self._progress.close(self.state, time.time())
+            self._progress.close(self.state, self.now())

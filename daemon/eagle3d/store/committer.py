@@ -101,7 +101,9 @@ class Committer:
         # Row folders by descriptor, never through a link (store.rowdirs).
         self.rows = rows if rows is not None else RowDirs(output)
         self.staging = staging or paths.staging_dir(output, paths.Shard())
-        os.makedirs(self.staging, exist_ok=True)
+        # 0750 as the row folders (makedirs gives only the last folder its mode).
+        os.makedirs(os.path.dirname(self.staging), 0o750, exist_ok=True)
+        os.makedirs(self.staging, 0o750, exist_ok=True)
         self.store = store
         # Samples are written with O_DIRECT where the filesystem allows it (see
         # write_direct); the first refusal switches to buffered writes for good.

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from eagle3d.dumps.format import BadDump, Dump
+from eagle3d.dumps.format import BadDump, ContractBroken, Dump
 
 if TYPE_CHECKING:
     import numpy as np
@@ -24,6 +24,7 @@ def validate(dump: Dump, sent_ids: list[int], hidden_size: int, layers: list[int
     if not torch.equal(ids.to(torch.int64), torch.tensor(sent_ids, dtype=torch.int64)):
         bad = int((ids.to(torch.int64) != torch.tensor(sent_ids)).nonzero()[0, 0])
         raise BadDump(f"input_ids differ from what was sent (first at position {bad})")
+    contract(dump, hidden_size, layers)
     want_aux = (t, len(layers) * hidden_size)
     if tuple(dump.aux_hidden_state.shape) != want_aux:
         raise BadDump(
@@ -33,8 +34,6 @@ def validate(dump: Dump, sent_ids: list[int], hidden_size: int, layers: list[int
         raise BadDump(
             f"hidden_state has shape {tuple(dump.hidden_state.shape)}, want {(t, hidden_size)}"
         )
-    if dump.layers and dump.layers != layers:
-        raise BadDump(f"dump captured layers {dump.layers}, job wants {layers}")
     for name in ("aux_hidden_state", "hidden_state"):
         x = getattr(dump, name)
         if not x.is_floating_point():
@@ -52,6 +51,33 @@ def validate(dump: Dump, sent_ids: list[int], hidden_size: int, layers: list[int
                 raise BadDump(f"{name}_scale is {got}, want float32 {(t, 1)}")
             if not bool(torch.isfinite(scale).all()) or not bool((scale > 0).all()):
                 raise BadDump(f"{name}_scale holds a scale that is not positive and finite")
+
+
+def contract(dump: Dump, hidden_size: int, layers: list[int]) -> None:
+    """Check the dump's capture against the job's contract: the layers it names, the width
+    of its states (the number of layers times the hidden size). Raises ContractBroken (the
+    producer's, not the sample's) naming what was expected and what was found; a dump cut
+    along its tokens is left to :func:`validate` (the sample's)."""
+    if dump.layers and dump.layers != layers:
+        raise ContractBroken(
+            f"the dump captured layers {dump.layers} ({len(dump.layers)}), the job captures"
+            f" layers {layers} ({len(layers)})"
+        )
+    hid, aux = dump.hidden_state, dump.aux_hidden_state
+    if hid.dim() == 2 and hid.shape[1] != hidden_size:
+        raise ContractBroken(
+            f"the dump's hidden size is {hid.shape[1]}, the job's model has {hidden_size}"
+            f" (the job captures layers {layers})"
+        )
+    width = len(layers) * hidden_size
+    if aux.dim() == 2 and aux.shape[1] != width:
+        found = aux.shape[1] / hidden_size
+        says = f"{found:g} layers" if found == int(found) else "no whole number of layers"
+        raise ContractBroken(
+            f"the dump's aux_hidden_state is {aux.shape[1]} wide ({says} of hidden size"
+            f" {hidden_size}), the job captures layers {layers} ({len(layers)} x"
+            f" {hidden_size} = {width})"
+        )
 
 
 # (integer view, exponent mask): a float is NaN/Inf exactly when all its exponent bits are set.

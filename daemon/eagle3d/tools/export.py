@@ -86,7 +86,11 @@ class ExportReport:
     already: int = 0  # by earlier runs, unchanged since
     linked: int = 0  # of ``exported``: hard links to the job's own files (same bytes)
     bytes_written: int = 0
+    tokens: int = 0  # of ``exported``
+    seconds: float = 0.0  # this run's, from the first sample to the index files
     problems: list[str] = field(default_factory=list)
+    #: the samples not exported, by reason (``missing``, ``damaged``, ``journal``)
+    not_exported: dict[str, int] = field(default_factory=dict)
     refused: str = ""  # why nothing was done (usage): exit 2
     finished_source: bool = False
 
@@ -108,7 +112,11 @@ class ExportReport:
             "exported": self.exported,
             "already": self.already,
             "linked": self.linked,
+            "copied": self.exported - self.linked,
             "bytes": self.bytes_written,
+            "tokens": self.tokens,
+            "seconds": round(self.seconds, 3),
+            "not_exported": self.not_exported,
             "source_finished": self.finished_source,
             "problems": self.problems,
             "refused": self.refused,
@@ -127,8 +135,28 @@ class ExportReport:
         if not self.finished_source:
             lines.append("  the job is not finished: export again once it is, for the rest")
         lines.extend(f"  not exported: {p}" for p in self.problems[:50])
+        lines.append(self.summary())
         lines.append("OK" if not self.problems else f"{len(self.problems)} NOT EXPORTED")
         return "\n".join(lines)
+
+    def summary(self) -> str:
+        """One line: time taken, samples, tokens, bytes, linked vs copied, what was not
+        exported by reason."""
+        rate = self.exported / self.seconds if self.seconds > 0 else 0.0
+        said = (
+            f"summary: {self.exported:,} sample(s) exported in {self.seconds:.1f} s"
+            f" ({rate:,.1f} samples/s): {self.tokens:,} tokens, {_size(self.bytes_written)}"
+            f" written ({self.linked:,} hard-linked, {self.exported - self.linked:,} copied)"
+            f"; {self.already:,} already exported"
+        )
+        if self.not_exported:
+            why = ", ".join(f"{k} {n:,}" for k, n in sorted(self.not_exported.items()))
+            said += f"; {sum(self.not_exported.values()):,} not exported ({why})"
+        return said
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
 
 
 class Manifest:
@@ -173,8 +201,8 @@ def export(
 ) -> ExportReport:
     """Export ``output`` into ``to`` in format ``fmt`` (see the module's docstring).
     ``model``: the target model directory (speculators' final norm), default the job's;
-    ``progress`` is called about once a second with the report, the samples to export and
-    the seconds so far."""
+    ``progress`` is called before each batch of samples and once at the end with the report,
+    the samples to export and the seconds so far (:class:`Progress` decides what to show)."""
     out, dest = os.path.abspath(output), os.path.abspath(to)
     report = ExportReport(out, dest, fmt)
     try:
@@ -235,6 +263,19 @@ def _claim(state: str, out: str, fmt: str, job: Any) -> str:
     return ""
 
 
+def _todo(cat: catalog.Catalog, manifest: Manifest, report: ExportReport) -> list[catalog.Entry]:
+    """The committed samples not yet exported as they are now (counted in ``report``)."""
+    report.committed = len(cat.entries)
+    todo = []
+    for e in cat.entries:
+        old = manifest.done.get(e.idx)
+        if old is not None and old.source == e.checksum:
+            report.already += 1
+        else:
+            todo.append(e)
+    return todo
+
+
 def _run(
     cat: catalog.Catalog,
     exp: exporters.Exporter,
@@ -243,30 +284,27 @@ def _run(
     report: ExportReport,
     progress: Callable[[ExportReport, int, float], None] | None = None,
 ) -> None:
-    entries = cat.entries
-    report.committed = len(entries)
-    todo = []
-    for e in entries:
-        old = manifest.done.get(e.idx)
-        if old is not None and old.source == e.checksum:
-            report.already += 1
-        else:
-            todo.append(e)
+    todo = _todo(cat, manifest, report)
     next_k = max((d.k for d in manifest.done.values()), default=-1) + 1
     link = exp.same_bytes(cat.job)
-    shown = t0 = time.monotonic()
+    t0 = time.monotonic()
+    slow = faults.armed("export_slow")
     for start in range(0, len(todo), BATCH):
-        if progress is not None and time.monotonic() - shown >= 1.0:
-            shown = time.monotonic()
-            progress(report, len(todo), shown - t0)
+        if progress is not None:
+            progress(report, len(todo), time.monotonic() - t0)
         staged: list[tuple[str, str, Done]] = []  # (temp, final, record)
         dirs: set[str] = set()
         for e in todo[start : start + BATCH]:
+            if slow is not None:
+                time.sleep(slow.n / 1000)
             src = cat.path(e)
             problem = _check_source(src, e)
             if problem:
                 report.problems.append(problem)
+                reason = "missing" if problem.endswith(" is missing") else "damaged"
+                report.not_exported[reason] = report.not_exported.get(reason, 0) + 1
                 continue
+            report.tokens += e.tokens
             old = manifest.done.get(e.idx)
             k = old.k if old is not None else next_k
             if old is None:
@@ -298,6 +336,9 @@ def _run(
     rows = [exporters.Row(d.k, d.ids, d.mask) for d in manifest.done.values()]
     for name, data in exp.finish(dest, rows):
         _write_atomic(os.path.join(dest, name), data)
+    report.seconds = time.monotonic() - t0
+    if progress is not None:
+        progress(report, len(todo), report.seconds)
 
 
 def _write(
@@ -387,32 +428,65 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--progress",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="a progress line on stderr (default: when stderr is a terminal)",
+        help="progress on stderr (default on): a live line on a terminal, else a plain line"
+        " every 2 s; --no-progress for none",
     )
     p.set_defaults(func=cmd_export)
 
 
-def _show(report: ExportReport, todo: int, seconds: float) -> None:
-    n = report.exported + len(report.problems)
-    rate = n / seconds if seconds > 0 else 0.0
-    left = (todo - n) / rate if rate > 0 else 0.0
-    line = (
-        f"export: {n:,}/{todo:,} samples  {report.bytes_written / 1e9:.2f} GB  "
-        f"{report.bytes_written / 1e6 / max(seconds, 1e-9):.0f} MB/s  {rate:.0f} samples/s  "
-        f"ETA {left:.0f} s"
-    )
-    tty = sys.stderr.isatty()
-    sys.stderr.write(("\r" + line + "\x1b[K") if tty else line + "\n")
-    sys.stderr.flush()
+class Progress:
+    """The export's progress on stderr: on a terminal one live line rewritten in place
+    (``\\r``) each second, else a plain line every :attr:`every` seconds; the first and the
+    last always."""
+
+    def __init__(self, tty: bool) -> None:
+        self.tty = tty
+        self.every = 1.0 if tty else 2.0
+        self.shown = -1.0e9
+        self.live = False  # a live line is on the screen, not yet ended
+
+    def __call__(self, report: ExportReport, todo: int, seconds: float) -> None:
+        n = report.exported + sum(report.not_exported.values())
+        if seconds - self.shown < self.every and 0 < n < todo:
+            return
+        if n == todo and self.shown >= 0 and not self.tty and seconds - self.shown < 0.5:
+            return  # the last line just said the same
+        self.shown = seconds
+        rate = n / seconds if seconds > 0 else 0.0
+        eta = f"ETA {(todo - n) / rate:.0f} s" if rate > 0 and n < todo else "ETA —"
+        if n == todo:
+            eta = f"done in {seconds:.1f} s"
+        line = (
+            f"export: {n:,}/{todo:,} samples ({100 * n / max(todo, 1):.0f} %), "
+            f"{_size(report.bytes_written)}, {rate:,.1f} samples/s, {eta}"
+        )
+        if self.tty:
+            sys.stderr.write("\r" + line + "\x1b[K")
+            self.live = True
+        else:
+            sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+    def end(self) -> None:
+        """End the live line, so that what follows starts on a line of its own."""
+        if self.live:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+            self.live = False
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    show = args.progress if args.progress is not None else sys.stderr.isatty()
-    report = export(args.output, args.to, args.format, args.model, _show if show else None)
-    if show and sys.stderr.isatty():
-        sys.stderr.write("\n")
+    show = args.progress if args.progress is not None else True
+    progress = Progress(sys.stderr.isatty()) if show else None
+    try:
+        report = export(args.output, args.to, args.format, args.model, progress)
+    finally:
+        if progress is not None:
+            progress.end()
     if args.json:
         sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")
+        if not report.refused:
+            sys.stderr.write(report.summary() + "\n")
     else:
         print(report)
     return report.exit_code

@@ -79,7 +79,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "Exit 0: fits; 10: does not fit; 2: bad usage or config; 3: model or dataset "
         "missing.",
     )
-    config.add_job_arguments(p)
+    config.add_job_arguments(p, run=False)
     p.add_argument(
         "--sample",
         type=int,
