@@ -192,3 +192,18 @@ def test_the_writer_stamps_the_boot_clock_from_run_started_on() -> None:
     ]
     old = msgspec.msgpack.encode({"kind": "stats", "seq": 3, "ts": 1.0, "run": "r"})
     assert ev.decode(old).bt == 0.0
+
+
+def test_a_gpus_last_xid_is_placed_on_the_timeline_by_the_boot_clock() -> None:
+    """The daemon saw an XID at true time 40 (its wall clock true), then its clock was set
+    1 h back at 60; a stats record at 70 names the XID: folded, it is 30 s before the
+    record on the session's timeline, not 1 h off either way."""
+    s = session(3, 1.0, back_1h_at_60)
+    gpu = ev.GpuInfo(index=0, xid_errors=1, last_xid=79, last_xid_ts=T0 + 40.0)
+    gpu.last_xid_bt = B0 + 40.0
+    stats = ev.Stats(gpus=[gpu])
+    stats.ts, stats.bt, stats.seq = T0 + 70.0 - H, B0 + 70.0, 99
+    reducer.apply(s, stats)
+    assert s.stats is not None
+    assert s.stats.gpus[0].last_xid_ts == pytest.approx(T0 + 40.0)
+    assert s.stats.gpus[0].last_xid == 79
