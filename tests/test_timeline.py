@@ -234,3 +234,14 @@ def test_the_reports_story_measures_pauses_and_sessions_on_the_timeline() -> Non
     (session,) = story.sessions
     assert session.end is not None and session.end - session.start == pytest.approx(100.0)
     assert story.wall_s == pytest.approx(100.0) and story.paused_s == pytest.approx(30.0)
+
+
+def test_the_monitors_sparklines_read_the_history_on_the_rows_timeline() -> None:
+    """A daemon whose clock is 1 h back saved one sample a second from 10 to 39: the
+    monitor's last-minute series at true time 40 shows those saves, not an hour of nothing."""
+    from eagle3top import panels
+
+    s = session(30, 1.0, back_1h)
+    row = judged(s, 40.0, 0.0)
+    series = panels._series([row], T0 + 40.0, "samples", 60, 60)
+    assert sum(series) == 30, series

@@ -215,7 +215,8 @@ def _series(rows: list[Row], now: float, field: str, seconds: int, bins: int) ->
     for r in rows:
         if r.state is None:
             continue
-        for i, x in enumerate(views.sparkline(r.state.history, now, seconds, field)):
+        # On the row's timeline, where its history was folded (a stepped clock moves no bar).
+        for i, x in enumerate(views.sparkline(r.state.history, r.at(now), seconds, field)):
             total[i] += x
     return [sum(total[i : i + per]) for i in range(0, seconds, per)]
 
