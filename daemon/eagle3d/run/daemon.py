@@ -252,7 +252,7 @@ class Daemon:
         preflight.check_dataset(cfg.dataset)
         facts = await self._refusals()
         self.stages.check()  # a signal before the first byte under the output: none written
-        preflight.check_output(self.output)
+        preflight.check_output(self.output, cfg.group_id())
         with preflight.layout_lock(self.output):
             # Again under the lock (a daemon of another layout may have won), and this
             # shard's lock taken inside it: from then on no other layout can start.
@@ -479,6 +479,7 @@ class Daemon:
             shard=self.shard,
             output=self.output,
             host=socket.gethostname(),
+            gid=self.cfg.group_id(),
         )
         try:
             await server.start()
