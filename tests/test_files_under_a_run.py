@@ -932,3 +932,35 @@ def test_an_unknown_group_is_refused_before_anything_is_written(
     assert r.returncode == 2, r.stderr[-2000:]
     assert "e3d-no-such-group" in r.stderr
     assert not out.exists()
+
+
+def test_the_runs_own_dump_folder_is_the_daemons_alone(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Without --dump-dir an HF run's dumps go to its own folder under /dev/shm: 0700, and
+    its parent (an older eagle3d made it 0755) narrowed to 0700."""
+    from eagle3d.run.assemble import own_dump_dir
+
+    data, out, log = tmp_path / "data.jsonl", tmp_path / "out", tmp_path / "log"
+    _write(data, _lines(60, seed=10))
+    parent = Path(own_dump_dir("0" * 32, paths.Shard())).parent
+    parent.mkdir(exist_ok=True)
+    os.chmod(parent, 0o755)  # as an older eagle3d made it
+    args = runkit.run_args(tiny_model_dir, data, out, "--concurrency", "4")
+    at = args.index("--dump-dir")
+    del args[at : at + 2]
+    env = runkit.env_without_faults(EAGLE3D_FAULT=SLOW)
+    with open(log, "wb") as logf:
+        proc = subprocess.Popen(
+            args, stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    with runkit.reaped(proc):
+        runkit.wait_for(lambda: runkit.records(out, "run_started"), 120, "run_started")
+        run_id = runkit.records(out, "run_started")[0]["run"]
+        mine = Path(own_dump_dir(run_id, paths.Shard()))
+        runkit.wait_for(mine.is_dir, 120, "the run's dump folder")
+        assert mine.stat().st_mode & 0o777 == 0o700
+        assert mine.parent.stat().st_mode & 0o777 == 0o700
+        proc.wait(timeout=300)
+    assert proc.returncode == 0, log.read_text()[-2000:]
+    assert not mine.exists()

@@ -63,6 +63,7 @@ from eagle3d.run.assemble import (
     Where,
     assemble,
     make_ledger,
+    make_own_dump_dir,
     own_dump_dir,
     remove_if_empty,
 )
@@ -369,6 +370,7 @@ class Daemon:
             store_dtype=facts.job.store_dtype,
         )
         if not cfg.dump_dir:  # the run's own folder; a --dump-dir is the operator's
+            make_own_dump_dir(where.dump_dir)
             stack.callback(remove_if_empty, where.dump_dir)
         start = ProducerStart(producer, ProducerPort(self.inbox))
         stack.push_async_callback(start.stop)  # a start refused (the space check) or cut short
