@@ -224,3 +224,49 @@ def test_short_crash_loop_with_group_signals(tiny_model_dir: Path, tmp_path: Pat
     assert summary["lost"] == summary["duplicated"] == summary["corrupt"] == 0, summary
     assert summary["unaccounted"] == summary["journal_problems"] == 0, summary
     assert summary["ok"] and r.returncode == 0, (seed, summary["examples"], r.stderr[-2000:])
+
+
+def test_short_crash_loop_with_file_faults(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """``--file-faults`` (issue 26): the dataset rewritten in place, a row folder removed
+    and the daemon's clock stepped back at random moments (fixed seed), each followed by
+    what a user would do and a rerun: nothing lost, mixed, burnt or falsely finished."""
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bench" / "crashloop.py"),
+            "--kills",
+            "3",
+            "--seed",
+            "2603",
+            "--samples",
+            "60",
+            "--file-faults",
+            "1.0",
+            "--file-fault-kinds",
+            "rewritten,rows_removed,clock_back",
+            "--commit-window",
+            "1",
+            # Batches of about one sample and a rest after each: the run is still going
+            # when the fault comes, whatever the machine's speed.
+            "--daemon-arg=--batch-tokens",
+            "--daemon-arg=256",
+            "--fault",
+            "worker_slow:100",
+            "--model",
+            str(tiny_model_dir),
+            "--workdir",
+            str(tmp_path),
+            "--json",
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    out = r.stdout
+    summary = json.loads(out[out.index("{") :])
+    assert summary["file_faults"] >= 3, summary
+    assert summary["mixed"] == summary["false_finished"] == summary["fault_problems"] == 0, summary
+    assert summary["lost"] == summary["duplicated"] == summary["burnt"] == 0, summary
+    assert summary["unaccounted"] == summary["journal_problems"] == 0, summary
+    assert summary["ok"] and r.returncode == 0, (summary["examples"], r.stderr[-2000:])
