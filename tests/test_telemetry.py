@@ -149,13 +149,14 @@ def test_xid_events_are_counted_per_device_with_the_newest_code_and_time() -> No
     """No GPU is lent to this task: the XID path runs against the double at the NVML seam."""
     nvml = FakeNvml(devices=2)
     now = [1000.0]
-    g = NvmlGpus(nvml, clock=lambda: now[0])
+    g = NvmlGpus(nvml, clock=lambda: now[0], boot_clock=lambda: now[0] - 900.0)
     gpus, _ = g.read()
     assert [x.xid_errors for x in gpus] == [0, 0]
     nvml.xids += [(1, 13), (1, 79)]
     now[0] = 1005.0
     a, b = g.read()[0]
     assert (a.xid_errors, b.xid_errors, b.last_xid, b.last_xid_ts) == (0, 2, 79, 1005.0)
+    assert b.last_xid_bt == 105.0  # the boot clock beside it
     now[0] = 1010.0
     a, b = g.read()[0]  # nothing new: the count and the time hold
     assert (b.xid_errors, b.last_xid, b.last_xid_ts) == (2, 79, 1005.0)

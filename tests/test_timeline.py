@@ -192,3 +192,45 @@ def test_the_writer_stamps_the_boot_clock_from_run_started_on() -> None:
     ]
     old = msgspec.msgpack.encode({"kind": "stats", "seq": 3, "ts": 1.0, "run": "r"})
     assert ev.decode(old).bt == 0.0
+
+
+def test_a_gpus_last_xid_is_placed_on_the_timeline_by_the_boot_clock() -> None:
+    """The daemon saw an XID at true time 40 (its wall clock true), then its clock was set
+    1 h back at 60; a stats record at 70 names the XID: folded, it is 30 s before the
+    record on the session's timeline, not 1 h off either way."""
+    s = session(3, 1.0, back_1h_at_60)
+    gpu = ev.GpuInfo(index=0, xid_errors=1, last_xid=79, last_xid_ts=T0 + 40.0)
+    gpu.last_xid_bt = B0 + 40.0
+    stats = ev.Stats(gpus=[gpu])
+    stats.ts, stats.bt, stats.seq = T0 + 70.0 - H, B0 + 70.0, 99
+    reducer.apply(s, stats)
+    assert s.stats is not None
+    assert s.stats.gpus[0].last_xid_ts == pytest.approx(T0 + 40.0)
+    assert s.stats.gpus[0].last_xid == 79
+
+
+def test_the_reports_story_measures_pauses_and_sessions_on_the_timeline() -> None:
+    """``eagle3d report``'s story of a session whose daemon clock was set 1 h back at true
+    time 60, during a pause from 50 to 80, stopped at 100: the pause lasted 30 s and the
+    session 100 s, not an hour less."""
+    from eagle3d.tools.story import ShardStory
+
+    def stamp(e: ev.Event, x: float) -> ev.Event:
+        e.ts, e.bt = T0 + x + back_1h_at_60(x), B0 + x
+        return e
+
+    events: list[ev.Event] = [
+        stamp(ev.RunStarted(total=10, boot_id=BOOT, pid=1, session=1), 0.0),
+        stamp(ev.RunState(state="running"), 5.0),
+        stamp(ev.RunState(state="paused", reason="disk full"), 50.0),
+        stamp(ev.RunState(state="running", reason="space again"), 80.0),
+        stamp(ev.RunStopped(reason="signal SIGTERM", exit_code=0), 100.0),
+    ]
+    for seq, e in enumerate(events):
+        e.seq = seq
+    story = ShardStory("s")
+    story.feed(list(events))
+    assert [p.end - p.start for p in story.pauses if p.end is not None] == [30.0]
+    (session,) = story.sessions
+    assert session.end is not None and session.end - session.start == pytest.approx(100.0)
+    assert story.wall_s == pytest.approx(100.0) and story.paused_s == pytest.approx(30.0)

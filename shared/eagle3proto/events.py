@@ -191,6 +191,7 @@ class GpuInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
     xid_errors: int = 0
     last_xid: int = 0
     last_xid_ts: float = 0.0
+    last_xid_bt: float = 0.0
 
 
 class ProducerHealth(msgspec.Struct, kw_only=True, omit_defaults=True):

@@ -323,11 +323,24 @@ def _failed(s: ShardState, e: ev.SampleFailed, t: float) -> None:
 
 
 def _stats(s: ShardState, e: ev.Stats, t: float) -> None:
-    s.stats = e
+    s.stats = _on_timeline(e, t)
     s.orphans = max(s.orphans, e.orphans)
     if s.state in ("starting", "loading") and e.producer_rss_bytes > s.load_rss + LOAD_STEP_BYTES:
         s.load_rss = e.producer_rss_bytes
         s.load_progress_ts = t
+
+
+def _on_timeline(e: ev.Stats, t: float) -> ev.Stats:
+    """``e`` with a GPU's last XID placed on the session's timeline: ``t`` (where the record
+    was folded) less the boot-clock time between the XID and the record, so that a wall
+    clock stepped between the two moves neither."""
+    if not e.bt or t == e.ts or not any(g.last_xid_bt for g in e.gpus):
+        return e
+    gpus = [
+        msgspec.structs.replace(g, last_xid_ts=t - (e.bt - g.last_xid_bt)) if g.last_xid_bt else g
+        for g in e.gpus
+    ]
+    return msgspec.structs.replace(e, gpus=gpus)
 
 
 def _run_state(s: ShardState, e: ev.RunState, t: float) -> None:

@@ -253,7 +253,9 @@ def build(rows: list[Row], now: float) -> tuple[OnceDoc, Report]:
                 )
             )
         for g in stats.gpus:
-            gpus.append(GpuDoc(host=r.host, **msgspec.structs.asdict(g)))
+            fields = msgspec.structs.asdict(g)
+            del fields["last_xid_bt"]  # the daemon's boot clock: last_xid_ts is on the timeline
+            gpus.append(GpuDoc(host=r.host, **fields))
     tot = totals(rows, now)
     errors.sort(key=lambda e: e.ts)
     doc = OnceDoc(

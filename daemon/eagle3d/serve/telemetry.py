@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from eagle3proto import events as ev
+from eagle3proto import locks
 
 # NVML throttle ("clocks event") reason bits, from nvml.h; names as nvidia-smi prints them.
 _THROTTLE_BITS = {
@@ -73,16 +74,25 @@ XID_EVENT = 0x0000000000000008
 class NvmlGpus:
     """Reads GPUs through ``pynvml``; initialised once, lazily, never retried after failing.
 
-    ``clock`` gives the wall time an XID event is stamped with (it is seen at the next read).
+    ``clock`` gives the wall time an XID event is stamped with (it is seen at the next read),
+    ``boot_clock`` the boot-clock reading beside it (readers place the event on the
+    session's timeline with it, whatever the wall clock did since).
     """
 
-    def __init__(self, nvml: Any | None = None, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        nvml: Any | None = None,
+        clock: Callable[[], float] = time.time,
+        boot_clock: Callable[[], float] = locks.boottime,
+    ) -> None:
         self._nvml: Any = nvml
         self._ok: bool | None = None
         self.note = ""
         self.clock = clock
+        self.boot_clock = boot_clock
         self._xid_sets: dict[int, Any] = {}  # device index -> its event set (None: unsupported)
-        self._xids: dict[int, tuple[int, int, float]] = {}  # index -> (count, last code, ts)
+        # index -> (count, last code, wall time, boot-clock time)
+        self._xids: dict[int, tuple[int, int, float, float]] = {}
 
     def _init(self) -> bool:
         if self._ok is not None:
@@ -136,8 +146,8 @@ class NvmlGpus:
             except Exception:  # NVML_ERROR_TIMEOUT: nothing (more) waiting
                 return
             if int(data.eventType) & XID_EVENT:
-                n, _, _ = self._xids.get(i, (0, 0, 0.0))
-                self._xids[i] = (n + 1, int(data.eventData), self.clock())
+                n = self._xids[i][0] if i in self._xids else 0
+                self._xids[i] = (n + 1, int(data.eventData), self.clock(), self.boot_clock())
 
     def _device(self, nvml: Any, i: int) -> ev.GpuInfo:
         info = ev.GpuInfo(index=i)
@@ -196,7 +206,7 @@ class NvmlGpus:
             info.throttle = throttle_names(int(mask))
         self._drain_xids(nvml, i, h)
         if i in self._xids:
-            info.xid_errors, info.last_xid, info.last_xid_ts = self._xids[i]
+            info.xid_errors, info.last_xid, info.last_xid_ts, info.last_xid_bt = self._xids[i]
         return info
 
     def close(self) -> None:

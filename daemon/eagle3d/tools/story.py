@@ -88,7 +88,9 @@ class ShardStory:
         for e in batch:
             self._before(e)
             reducer.apply(self.state, e)
-            self._after(e)
+            # Where the reducer folded it: the session's timeline (docs/monitor.md), so
+            # that a wall clock stepped mid-run moves no pause, session or point.
+            self._after(e, self.state.newest_ts)
 
     def _before(self, e: ev.AnyEvent) -> None:
         if isinstance(e, ev.RunStarted) and self.sessions and self.sessions[-1].how == "running":
@@ -96,33 +98,33 @@ class ShardStory:
             last.how, last.end = "died", self.state.newest_ts or last.start
             self._end_pause(last.end)
 
-    def _after(self, e: ev.AnyEvent) -> None:
+    def _after(self, e: ev.AnyEvent, t: float) -> None:
         match e:
             case ev.RunStarted():
                 self.sessions.append(
-                    Session(e.session, e.ts, e.host, e.pid, e.already_saved + e.already_failed)
+                    Session(e.session, t, e.host, e.pid, e.already_saved + e.already_failed)
                 )
             case ev.SampleFailed() if not e.retry:
-                self.failures[e.idx] = Failure(e.idx, e.error, e.attempt, e.message, e.ts)
+                self.failures[e.idx] = Failure(e.idx, e.error, e.attempt, e.message, t)
             case ev.SampleFailed() | ev.SampleSaved():
                 self.failures.pop(e.idx, None)
             case ev.RunState():
                 if e.state == "paused":
                     if not self.pauses or self.pauses[-1].end is not None:
-                        self.pauses.append(Pause(e.ts, e.reason))
+                        self.pauses.append(Pause(t, e.reason))
                 else:
-                    self._end_pause(e.ts)
-                self._point(e.ts)
+                    self._end_pause(t)
+                self._point(t)
             case ev.RunStopped() | ev.RunFinished():
-                self._end_pause(e.ts)
+                self._end_pause(t)
                 if self.sessions:
                     s = self.sessions[-1]
-                    s.end, s.exit_code = e.ts, e.exit_code
+                    s.end, s.exit_code = t, e.exit_code
                     s.how = "finished" if isinstance(e, ev.RunFinished) else "stopped"
                     s.reason = e.reason if isinstance(e, ev.RunStopped) else ""
-                self._point(e.ts)
+                self._point(t)
             case ev.Stats():
-                self._point(e.ts)
+                self._point(t, own_stats=True)
             case ev.Recovered():
                 self.problems.append(f"{e.segment}@{e.offset}: {e.reason}")
             case _:
@@ -132,7 +134,7 @@ class ShardStory:
         if self.pauses and self.pauses[-1].end is None:
             self.pauses[-1].end = ts
 
-    def _point(self, ts: float) -> None:
+    def _point(self, ts: float, own_stats: bool = False) -> None:
         s = self.state
         r = views.working_rates(s, ts, 10.0)
         p = Point(
@@ -147,7 +149,7 @@ class ShardStory:
             committing=s.committing,
         )
         st = s.stats
-        if st is not None and st.ts == ts:  # this point's own stats record
+        if st is not None and own_stats:  # this point's own stats record
             out = next((d for d in st.disk if d.label == "output"), None)
             if out is not None:
                 p.disk_used, p.disk_free = out.used_bytes, out.free_bytes
