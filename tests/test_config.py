@@ -149,3 +149,15 @@ def test_the_writer_is_archive_or_the_torch_reference() -> None:
     assert config.from_args(args).writer == "torch"
     with pytest.raises(ConfigError, match="writer"):
         config.build({}, {**base, "writer": "fast"})
+
+
+def test_group_names_a_known_group_or_is_refused() -> None:
+    import grp
+    import os
+
+    base = {"model": "m", "dataset": "d", "output": "o"}
+    assert config.build(base, {}).group_id() == -1  # none: the files are the owner's alone
+    mine = grp.getgrgid(os.getgid()).gr_name
+    assert config.build({**base, "group": mine}, {}).group_id() == os.getgid()
+    with pytest.raises(ConfigError, match="unknown group 'e3d-no-such-group'"):
+        config.build(base, {"group": "e3d-no-such-group"})

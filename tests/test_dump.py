@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import struct
 from pathlib import Path
 
@@ -72,3 +73,17 @@ def test_a_dump_gone_before_it_is_read_is_told_from_a_bad_one(tmp_path: Path) ->
     with pytest.raises(BadDump) as e:
         read_dump(str(path))
     assert not isinstance(e.value, DumpVanished)
+
+
+def test_the_daemons_dumps_are_0640_and_the_sglang_hooks_0644(tmp_path: Path) -> None:
+    """The daemon's own dumps give nothing to others; the SGLang hook's stay readable to a
+    daemon of another user (who reaches them is the dump folder's mode: docs/sglang.md)."""
+    from eagle3d.remote.sglang_writer import DumpAssembler
+
+    ids, aux, hid = torch.arange(3), torch.zeros(3, 12), torch.zeros(3, 4)
+    own = write_dump(str(tmp_path), "a", ids, aux, hid, [1, 2, 3])
+    assert os.stat(own).st_mode & 0o777 == 0o640
+    hook = DumpAssembler(str(tmp_path), [1, 2, 3]).write(
+        str(tmp_path), "b", ids, aux, hid, [1, 2, 3]
+    )
+    assert os.stat(hook).st_mode & 0o777 == 0o644

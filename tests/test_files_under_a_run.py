@@ -790,3 +790,178 @@ def test_zero_values_are_documented_in_help() -> None:
     ):
         at = text.rindex(option + " ")
         assert words in text[at : at + 400], (option, text[at : at + 400])
+
+
+# -- 5. --group: a shared training group reads the job, nobody else -----------------------------
+
+
+@pytest.fixture(scope="module")
+def training_group() -> Iterator[tuple[str, int, int]]:
+    """A real group with one member user (both made here, removed after): (name, gid, uid)."""
+    import grp
+    import pwd
+
+    name = f"e3dg{os.getpid() % 100000}"
+    subprocess.run(["groupadd", name], check=True)
+    try:
+        subprocess.run(
+            ["useradd", "-M", "-N", "-s", "/usr/sbin/nologin", "-G", name, f"{name}m"],
+            check=True,
+        )
+        try:
+            yield name, grp.getgrnam(name).gr_gid, pwd.getpwnam(f"{name}m").pw_uid
+        finally:
+            subprocess.run(["userdel", f"{name}m"], check=False)
+    finally:
+        subprocess.run(["groupdel", name], check=False)
+
+
+#: Run by root, then as ``uid`` (with the groups of that user) once everything it needs is
+#: imported: the shared venv lives under /root, which the user itself could not reach.
+_AS_MEMBER = """
+import os, pkgutil, sys, importlib, socket, contextlib, io
+import eagle3top, eagle3top.cli
+for m in pkgutil.walk_packages(eagle3top.__path__, "eagle3top."):
+    if m.name.endswith("__main__"):
+        continue
+    with contextlib.suppress(Exception):
+        importlib.import_module(m.name)
+uid, gid = int(sys.argv[1]), int(sys.argv[2])
+os.setgroups(os.getgrouplist(sys.argv[3], gid))
+os.setresgid(gid, gid, gid)
+os.setresuid(uid, uid, uid)
+what, rest = sys.argv[4], sys.argv[5:]
+if what == "open":
+    for p in rest:
+        try:
+            os.close(os.open(p, os.O_RDONLY))
+            print("OPENED", p)
+        except PermissionError:
+            print("DENIED", p)
+elif what == "connect":
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.connect(rest[0])
+        print("CONNECTED")
+    except PermissionError:
+        print("DENIED")
+else:
+    sys.argv = ["eagle3-top", *rest]
+    sys.exit(eagle3top.cli.main())
+"""
+
+
+def _as_uid(uid: int, gid: int, user: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", _AS_MEMBER, str(uid), str(gid), user, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _as_nobody(*args: str) -> subprocess.CompletedProcess[str]:
+    import pwd
+
+    n = pwd.getpwnam("nobody")
+    return _as_uid(n.pw_uid, n.pw_gid, "nobody", *args)
+
+
+@needs_root
+def test_a_group_set_with_group_reads_the_job_and_nobody_else(
+    tiny_model_dir: Path, shared_dir: Path, training_group: tuple[str, int, int]
+) -> None:
+    name, gid, uid = training_group
+    member = f"{name}m"
+    data, out, log = shared_dir / "data.jsonl", shared_dir / "out", shared_dir / "log"
+    sock = f"{out}.sock"
+    _write(data, _lines(300, seed=7))
+    proc = runkit.start(
+        tiny_model_dir, data, out, "--group", name, "--concurrency", "4", fault=SLOW, log=log
+    )
+    with runkit.reaped(proc):
+        runkit.wait_for(lambda: len(runkit.records(out, "sample_saved")) >= 3, 120, "3 saves")
+        runkit.wait_for(lambda: os.path.exists(sock), 60, "the socket")
+        st = os.stat(sock)
+        assert (st.st_gid, st.st_mode & 0o777) == (gid, 0o660)
+        assert _as_uid(uid, gid, member, "connect", sock).stdout.strip() == "CONNECTED"
+        assert _as_nobody("connect", sock).stdout.strip() == "DENIED"
+        live = _as_uid(uid, gid, member, "top", "--once", "--socket", sock)
+        assert live.returncode == 0 and "running" in live.stdout, live.stdout + live.stderr
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=120)
+    jdir = Path(paths.journal_dir(str(out), paths.Shard()))
+    segment = sorted(jdir.glob("*.e3j"))[0]
+    sample = out / runkit.records(out, "sample_saved")[0]["path"]
+    for p in (out, out / ".eagle3d", jdir, sample.parent):
+        st = os.stat(p)
+        assert (st.st_gid, st.st_mode & 0o7777) == (gid, 0o2750), p
+    for p in (segment, sample, jdir / "checkpoint.e3c", out / ".eagle3d" / "capture.json"):
+        st = os.stat(p)
+        assert (st.st_gid, st.st_mode & 0o777) == (gid, 0o640), p
+    seen = _as_uid(uid, gid, member, "open", str(segment), str(sample))
+    assert seen.stdout.count("OPENED") == 2, seen.stdout + seen.stderr
+    stranger = _as_nobody("open", str(segment), str(sample))
+    assert stranger.stdout.count("DENIED") == 2, stranger.stdout + stranger.stderr
+    after = _as_uid(uid, gid, member, "top", "--once", "--output", str(out))
+    assert "UNKNOWN" not in after.stdout and "saved" in after.stdout, after.stdout + after.stderr
+    assert after.returncode == _once(out).returncode, after.stdout
+
+
+@needs_root
+def test_without_group_another_user_cannot_connect_to_the_socket(
+    tiny_model_dir: Path, shared_dir: Path
+) -> None:
+    data, out, log = shared_dir / "data.jsonl", shared_dir / "out", shared_dir / "log"
+    sock = f"{out}.sock"
+    _write(data, _lines(200, seed=8))
+    proc = runkit.start(tiny_model_dir, data, out, "--concurrency", "4", fault=SLOW, log=log)
+    with runkit.reaped(proc):
+        runkit.wait_for(lambda: os.path.exists(sock), 120, "the socket")
+        runkit.wait_for(lambda: len(runkit.records(out, "sample_saved")) >= 1, 120, "a save")
+        assert _as_nobody("connect", sock).stdout.strip() == "DENIED"
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=120)
+
+
+def test_an_unknown_group_is_refused_before_anything_is_written(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    data, out = tmp_path / "data.jsonl", tmp_path / "out"
+    _write(data, _lines(3, seed=9))
+    r = runkit.run(tiny_model_dir, data, out, "--group", "e3d-no-such-group")
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "e3d-no-such-group" in r.stderr
+    assert not out.exists()
+
+
+def test_the_runs_own_dump_folder_is_the_daemons_alone(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Without --dump-dir an HF run's dumps go to its own folder under /dev/shm: 0700, and
+    its parent (an older eagle3d made it 0755) narrowed to 0700."""
+    from eagle3d.run.assemble import own_dump_dir
+
+    data, out, log = tmp_path / "data.jsonl", tmp_path / "out", tmp_path / "log"
+    _write(data, _lines(60, seed=10))
+    parent = Path(own_dump_dir("0" * 32, paths.Shard())).parent
+    parent.mkdir(exist_ok=True)
+    os.chmod(parent, 0o755)  # as an older eagle3d made it
+    args = runkit.run_args(tiny_model_dir, data, out, "--concurrency", "4")
+    at = args.index("--dump-dir")
+    del args[at : at + 2]
+    env = runkit.env_without_faults(EAGLE3D_FAULT=SLOW)
+    with open(log, "wb") as logf:
+        proc = subprocess.Popen(
+            args, stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    with runkit.reaped(proc):
+        runkit.wait_for(lambda: runkit.records(out, "run_started"), 120, "run_started")
+        run_id = runkit.records(out, "run_started")[0]["run"]
+        mine = Path(own_dump_dir(run_id, paths.Shard()))
+        runkit.wait_for(mine.is_dir, 120, "the run's dump folder")
+        assert mine.stat().st_mode & 0o777 == 0o700
+        assert mine.parent.stat().st_mode & 0o777 == 0o700
+        proc.wait(timeout=300)
+    assert proc.returncode == 0, log.read_text()[-2000:]
+    assert not mine.exists()

@@ -41,6 +41,7 @@ class JobConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     shard: str = ""
     dump_dir: str = ""
     socket: str = ""
+    group: str = ""  # "": the job's files are the owner's alone; else this group may read them
     concurrency: int = 0
     max_attempts: int = 3
     request_timeout: float = 600.0
@@ -82,6 +83,7 @@ class JobConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             if problem:
                 raise ConfigError(f"server: {problem}")
         self._check_layers()
+        self.group_id()
         if self.max_attempts < 1:
             raise ConfigError(f"max_attempts must be >= 1, got {self.max_attempts}")
         for key in ("workers", "worker_threads", "commit_threads", "batch_tokens"):
@@ -102,6 +104,18 @@ class JobConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         except ValueError as e:
             raise ConfigError(str(e)) from e
         self.shard_spec()
+
+    def group_id(self) -> int:
+        """The gid of ``group`` (-1 when none: the files are the owner's alone). Raises
+        ConfigError for a group this machine does not know."""
+        if not self.group:
+            return -1
+        import grp
+
+        try:
+            return grp.getgrnam(self.group).gr_gid
+        except KeyError:
+            raise ConfigError(f"group: unknown group {self.group!r} (see getent group)") from None
 
     def _check_layers(self) -> None:
         from eagle3d.remote import recipes
@@ -217,6 +231,7 @@ RUN_ONLY = frozenset(
         "server",
         "dump_dir",
         "socket",
+        "group",
         "concurrency",
         "max_attempts",
         "request_timeout",
@@ -319,6 +334,13 @@ def add_job_arguments(p: argparse.ArgumentParser, *, run: bool = True) -> None:
         "--socket",
         help="Unix socket for live subscribers (default: $RUNTIME_DIRECTORY, else"
         " $XDG_RUNTIME_DIR/eagle3d/, else beside the journal)",
+    )
+    a(
+        "--group",
+        metavar="NAME",
+        help="a group that may read the job's files: every folder and file the daemon makes"
+        " under the output, and the socket, belong to it (folders 0750 and setgid, files 0640);"
+        " default none: the files are the owner's alone",
     )
     a(
         "--concurrency",

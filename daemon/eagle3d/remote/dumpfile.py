@@ -65,8 +65,10 @@ def write_dump(
     hidden_state: torch.Tensor,
     layers: list[int],
     scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+    mode: int = 0o640,
 ) -> str:
-    """Write one dump atomically (temp name, then rename). Returns the final path.
+    """Write one dump atomically (temp name, then rename) with ``mode`` (0640: the daemon's
+    own dumps; the SGLang hook passes 0644, see docs/sglang.md). Returns the final path.
 
     ``scales`` (aux's, hidden's; ``[T, 1]`` float32) go with fp8 states already in the
     stored format (:func:`eagle3d.remote.storedtype.to_stored`), as ``<name>_scale``."""
@@ -89,7 +91,7 @@ def write_dump(
         "dtype": str(tensors["hidden_state"].dtype).removeprefix("torch."),
     }
     if all(str(t.dtype) in _SAFETENSORS_DTYPES for t in tensors.values()):
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
         try:
             writev_all(fd, safetensors_parts(tensors, meta))
         except BaseException:
@@ -102,6 +104,7 @@ def write_dump(
         from safetensors.torch import save_file
 
         save_file(tensors, tmp, metadata=meta)
+        os.chmod(tmp, mode)
     os.rename(tmp, final)
     return final
 

@@ -231,7 +231,7 @@ class Worker:
             return str(dump.write_dump(self.dump_dir, rid, ids, aux, hid, layers, scales))
         except FileNotFoundError:
             # The dump area was removed under us (a /dev/shm cleanup): make it again, once.
-            os.makedirs(self.dump_dir, exist_ok=True)
+            os.makedirs(self.dump_dir, 0o700, exist_ok=True)  # the daemon's alone, as it was
             return str(dump.write_dump(self.dump_dir, rid, ids, aux, hid, layers, scales))
 
     def _corrupt(self, how: str, ids: Any, aux: Any, hid: Any) -> tuple[Any, Any, Any]:

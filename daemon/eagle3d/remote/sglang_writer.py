@@ -7,6 +7,7 @@ assembling chunked prefills; :class:`Writer` drains a bounded queue of forwards 
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import os
 import queue
@@ -81,7 +82,9 @@ class DumpAssembler:
 
         self.dump_dir = dump_dir
         self.layers = list(layers)
-        self.write = write or write_dump
+        # 0644: the server may run as another user than the daemon that reads the dump;
+        # who reaches it is the dump folder's mode (docs/sglang.md, "Who may read the dumps").
+        self.write = write or functools.partial(write_dump, mode=0o644)
         self.max_partials = max_partials
         # Whether the server's radix (prefix) cache is on, when known: with it off, cached
         # tokens at the start of a request can only be an earlier chunk this writer lost.

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import stat
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -67,6 +68,23 @@ def own_dump_dir(run_id: str, shard: Shard) -> str:
     """The run's own dump folder, named after the job, on /dev/shm where it can be."""
     base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else "/tmp"
     return os.path.join(base, f"eagle3d-{os.getuid()}", f"{run_id[:8]}-{shard.name}")
+
+
+#: The run's own dump folder and its parent: the daemon's alone. Its dumps are transient and
+#: read by nobody else (a --group reads the committed samples, not these).
+OWN_DUMP_DIR_MODE = 0o700
+
+
+def make_own_dump_dir(dump_dir: str) -> None:
+    """Make :func:`own_dump_dir` (and its parent) with :data:`OWN_DUMP_DIR_MODE`; a parent
+    an older eagle3d left wider is narrowed (it is this user's own, by its name)."""
+    parent = os.path.dirname(dump_dir)
+    for d in (parent, dump_dir):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(d, OWN_DUMP_DIR_MODE)
+        st = os.lstat(d)
+        if st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) != OWN_DUMP_DIR_MODE:
+            os.chmod(d, OWN_DUMP_DIR_MODE)
 
 
 def remove_if_empty(dump_dir: str) -> None:

@@ -63,6 +63,7 @@ from eagle3d.run.assemble import (
     Where,
     assemble,
     make_ledger,
+    make_own_dump_dir,
     own_dump_dir,
     remove_if_empty,
 )
@@ -252,7 +253,7 @@ class Daemon:
         preflight.check_dataset(cfg.dataset)
         facts = await self._refusals()
         self.stages.check()  # a signal before the first byte under the output: none written
-        preflight.check_output(self.output)
+        preflight.check_output(self.output, cfg.group_id())
         with preflight.layout_lock(self.output):
             # Again under the lock (a daemon of another layout may have won), and this
             # shard's lock taken inside it: from then on no other layout can start.
@@ -369,6 +370,7 @@ class Daemon:
             store_dtype=facts.job.store_dtype,
         )
         if not cfg.dump_dir:  # the run's own folder; a --dump-dir is the operator's
+            make_own_dump_dir(where.dump_dir)
             stack.callback(remove_if_empty, where.dump_dir)
         start = ProducerStart(producer, ProducerPort(self.inbox))
         stack.push_async_callback(start.stop)  # a start refused (the space check) or cut short
@@ -479,6 +481,7 @@ class Daemon:
             shard=self.shard,
             output=self.output,
             host=socket.gethostname(),
+            gid=self.cfg.group_id(),
         )
         try:
             await server.start()

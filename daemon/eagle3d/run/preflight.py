@@ -12,6 +12,7 @@ import fcntl
 import json
 import os
 import socket
+import stat
 from collections.abc import Iterator
 
 from eagle3proto import locks, paths
@@ -130,10 +131,46 @@ def check_output_reachable(output: str) -> None:
         raise Fatal(EXIT_OUTPUT, f"output {output}: not writable ({why})")
 
 
-def check_output(output: str) -> None:
-    """The output directory exists (or is created) and accepts a file."""
+def share_with_group(output: str, gid: int) -> None:
+    """With ``--group``: the output and every folder under it (``.eagle3d`` included) belong
+    to ``gid`` with the setgid bit, so every folder and file made there later belongs to it
+    too (the kernel gives a new entry its setgid parent's group); the files already under
+    ``.eagle3d`` (journal, checkpoint, capture.json) are given to it. Sample files an earlier
+    run wrote without the group keep theirs (docs/operations.md: ``chgrp -R``). Symlinks are
+    never followed. ``gid`` -1: nothing to do."""
+    if gid < 0:
+        return
+    make_dirs(paths.state_dir(output))
+    _give(output, gid, is_dir=True)
+    _share_tree(output, gid, files=False)
+
+
+def _share_tree(top: str, gid: int, *, files: bool) -> None:
+    """Every folder under ``top`` (and, with ``files``, every file) given to ``gid``."""
+    with os.scandir(top) as it:
+        for e in it:
+            if e.is_dir(follow_symlinks=False):
+                _give(e.path, gid, is_dir=True)
+                _share_tree(e.path, gid, files=files or e.name == paths.STATE_DIR)
+            elif files and e.is_file(follow_symlinks=False):
+                _give(e.path, gid, is_dir=False)
+
+
+def _give(path: str, gid: int, *, is_dir: bool) -> None:
+    """``path`` to group ``gid``; a folder also setgid (its mode otherwise kept)."""
+    st = os.lstat(path)
+    if st.st_gid != gid:
+        os.chown(path, -1, gid, follow_symlinks=False)
+    if is_dir and not st.st_mode & stat.S_ISGID:
+        os.chmod(path, stat.S_IMODE(st.st_mode) | stat.S_ISGID)
+
+
+def check_output(output: str, gid: int = -1) -> None:
+    """The output directory exists (or is created) and accepts a file; with ``gid`` (from
+    ``--group``) it and its folders belong to that group (:func:`share_with_group`)."""
     try:
         make_dirs(output)
+        share_with_group(output, gid)
         probe = os.path.join(output, f".eagle3d-write-probe-{os.getpid()}")
         with open(probe, "wb") as f:
             f.write(b"x")

@@ -85,8 +85,10 @@ class EventServer:
         max_resyncs: int = 3,
         max_catchup: int = 200_000,
         clock: Callable[[], float] = time.monotonic,
+        gid: int = -1,
     ) -> None:
         self.path = path
+        self.gid = gid  # --group's gid: the socket belongs to it (-1: none)
         self.journal_dir = journal_dir
         self.snapshot = snapshot
         self.shard = shard
@@ -110,7 +112,7 @@ class EventServer:
 
     async def start(self) -> None:
         """Bind and listen. A stale socket file is replaced; a live one raises SocketInUse."""
-        sock = bind_socket(self.path)
+        sock = bind_socket(self.path, self.gid)
         st = os.stat(self.path)
         self._inode = (st.st_dev, st.st_ino)
         self._server = await asyncio.start_unix_server(

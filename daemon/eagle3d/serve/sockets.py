@@ -16,14 +16,18 @@ class SocketInUse(RuntimeError):
     """A live daemon already serves this socket path."""
 
 
-def bind_socket(path: str) -> socket.socket:
-    """Bind a listening socket at ``path`` with mode 0660, replacing only a stale file.
+def bind_socket(path: str, gid: int = -1) -> socket.socket:
+    """Bind a listening socket at ``path`` with mode 0660, replacing only a stale file; with
+    ``gid`` (``--group``) the socket, and its folder when made here, belong to that group.
 
     The socket is bound under a temporary name, chmod'ed, then renamed over ``path``, so it
     is never reachable with a wider mode and no process-wide umask change is needed.
     """
     parent = os.path.dirname(path) or "."
+    made = not os.path.isdir(parent)
     os.makedirs(parent, mode=0o750, exist_ok=True)
+    if made and gid >= 0:
+        os.chown(parent, -1, gid)
     _check_stale(path)
     # A short temporary name: sun_path holds 107 bytes, and the final path may be close.
     tmp = os.path.join(parent, f".e3d-{os.getpid()}.tmp")
@@ -35,6 +39,8 @@ def bind_socket(path: str) -> socket.socket:
     try:
         sock.bind(tmp)
         os.chmod(tmp, 0o660)
+        if gid >= 0:
+            os.chown(tmp, -1, gid)
         sock.listen(128)
         sock.setblocking(False)
         if tmp != path:
