@@ -74,8 +74,12 @@ def test_specforge_export_of_bf16_files_links_the_bytes_as_they_are(
     recs = {d.idx: d for d in manifest(to)}
     for e in catalog.read(str(src)).entries:
         assert (recs[e.idx].size, recs[e.idx].checksum) == (e.bytes, e.checksum)
+    lock = to / export.STATE / "lock"
+    assert lock.stat().st_mode & 0o777 == 0o600  # no other user can open it to hold it
+    lock.chmod(0o644)  # as an older version made it
     rc, rep = eagle3d_export(src, to, "specforge")  # again: nothing to do
     assert rc == 0 and rep["exported"] == 0 and rep["already"] == 40, rep
+    assert lock.stat().st_mode & 0o777 == 0o600
 
 
 def test_modelopt_export_is_one_pt_per_conversation_as_its_reader_loads_it(

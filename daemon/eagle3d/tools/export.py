@@ -221,7 +221,9 @@ def export(
         return report
     state = os.path.join(dest, STATE)
     os.makedirs(state, exist_ok=True)
-    lock = os.open(os.path.join(state, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    # 0600 and opened read-write: a lock another user could open could be held by them.
+    lock = os.open(os.path.join(state, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    os.fchmod(lock, 0o600)  # one an older version made 0644
     try:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
