@@ -206,8 +206,10 @@ class Speculators(Exporter):
         speculators_index(files, rows)
 
 
-#: Rows per Arrow record batch of the speculators index: what is held of it at once.
+#: Rows, and tokens, per Arrow record batch of the speculators index at most: what is held
+#: of it at once (1M tokens: 16 MB of ids and masks, whatever the rows' lengths).
 INDEX_BATCH = 4096
+INDEX_BATCH_TOKENS = 1 << 20
 
 _FEATURES = {
     "input_ids": {"feature": {"dtype": "int64", "_type": "Value"}, "_type": "List"},
@@ -271,15 +273,18 @@ def speculators_index(files: IndexFiles, rows: Iterable[Row]) -> None:
 
 
 def _batches(rows: Iterable[Row]) -> Iterator[list[Row]]:
-    """``rows`` in lists of :data:`INDEX_BATCH`, checked to be numbered ``0..n-1``."""
+    """``rows`` in lists of :data:`INDEX_BATCH` rows or :data:`INDEX_BATCH_TOKENS` tokens,
+    checked to be numbered ``0..n-1``."""
     batch: list[Row] = []
+    tokens = 0
     for want, r in enumerate(rows):
         if r.k != want:
             raise ValueError(f"speculators rows are not numbered 0..n-1 (row {r.k} at {want})")
         batch.append(r)
-        if len(batch) == INDEX_BATCH:
+        tokens += len(r.input_ids) // 8
+        if len(batch) == INDEX_BATCH or tokens >= INDEX_BATCH_TOKENS:
             yield batch
-            batch = []
+            batch, tokens = [], 0
     if batch:
         yield batch
 
