@@ -1,9 +1,10 @@
 """The pieces of a shard's pipeline, and the running pipeline made with them, before the
 producer is up.
 
-None of them sends anything yet but the dump watcher's scan: the feeder starts reading when
-the daemon says so, and the ledger holds every message of the samples until the producer is
-up (:mod:`eagle3d.core.ledger`).
+None of them sends anything yet but the dump watcher (a dump that appears, to the running
+pipeline: the daemon moves its inbox there at once): the feeder starts reading when the
+daemon says so, and the ledger holds every message of the samples until the producer is up
+(:mod:`eagle3d.core.ledger`).
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ class Opened:
 
 
 @dataclass(frozen=True, slots=True)
-class Running:
+class Assembled:
     """What :func:`assemble` made: the running pipeline, its pieces, and the tick around it."""
 
     pipeline: Pipeline
@@ -165,7 +166,7 @@ def assemble(
     inbox: Inbox,
     state: reducer.ShardState,
     watchdog: WatchdogPolicy,
-) -> Running:
+) -> Assembled:
     """Make the committer, the commit threads, the feeder, the dump watcher (started: it
     removes what an earlier run left in the dump area), the running pipeline around
     ``ledger`` with them, and the ticker around ``producer`` (made, and starting, already).
@@ -224,7 +225,7 @@ def assemble(
         threads,
         "as set" if cfg.commit_threads else "one per CPU, 2 to 8: each waits on its syncs",
     )
-    return Running(Pipeline(ledger, outlets, work), work, ticker)
+    return Assembled(Pipeline(ledger, outlets, work), work, ticker)
 
 
 def _committer(cfg: config.JobConfig, opened: Opened, where: Where) -> Committer:

@@ -63,8 +63,8 @@ from eagle3d.remote.threadnames import name_threads
 from eagle3d.run import capture, checkpoints, diskguard, job, layout, preflight, spacecheck
 from eagle3d.run import recorder as recording
 from eagle3d.run.assemble import (
+    Assembled,
     Opened,
-    Running,
     Where,
     assemble,
     make_ledger,
@@ -448,7 +448,7 @@ class Daemon:
             inherited=facts.inherited,
         )
 
-    async def _start_and_run(self, stack: Stack, running: Running, start: ProducerStart) -> int:
+    async def _start_and_run(self, stack: Stack, running: Assembled, start: ProducerStart) -> int:
         """The feeder reads while the producer starts; once it is up (or failed, or a signal
         came first) the ledger knows, and the run goes on until it says it is done."""
         cfg, ticker = self.cfg, running.ticker
