@@ -15,8 +15,14 @@ SIGKILL at ``--kills`` random points and started again until it finishes. Then:
   seconds over ``--tui-seconds``;
 * ``eagle3d verify``: MB/s and peak RSS, against ``cat`` reading the same files
   (``xargs cat > /dev/null`` over the journal's list of paths, no tree walk) just before;
-* ``eagle3d export --format specforge`` and ``speculators`` of the whole job: samples/s and
-  peak RSS;
+* ``eagle3d export --format specforge``, then ``speculators``, of the job's own output, each
+  stopped with SIGINT after ``--export-seconds`` (180) unless it ends first (an export resumes
+  after any stop): samples/s over the span from its first sample (the export's own progress
+  line: the steady per-sample rate; a 1M job in specforge takes ~25 min, in speculators hours,
+  so at 1M both are prefixes and the table says so), seconds to the first sample (the
+  journals' two passes, which grow with N), and peak RSS at the end or the stop (by then the
+  whole job's catalog is in memory: the part that grows with N; the rows of a prefix's
+  speculators index are not written, they are read back one at a time when it ends);
 * the journal's and the checkpoint's bytes.
 
 The result is each figure's ratio to the baseline's (per sample where the figure grows with N
@@ -32,10 +38,13 @@ import argparse
 import json
 import os
 import random
+import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -232,24 +241,60 @@ def verify_vs_cat(out: Path) -> dict[str, float]:
     }
 
 
-def export(out: Path) -> dict[str, float]:
-    """export --format specforge of the whole job (its N samples: a job of another size
-    would say nothing of N), then --format speculators, the format with an index."""
+#: A progress line of ``eagle3d export`` (not on a terminal: one every 2 s, and the last).
+_PROGRESS = re.compile(r"export: ([\d,]+)/([\d,]+) samples .* ([\d,.]+) samples/s")
+
+
+def export(out: Path, seconds: float) -> dict[str, float]:
+    """``eagle3d export`` of the job's own output in ``specforge`` then ``speculators``, each
+    stopped with SIGINT after ``seconds`` if it has not ended (an export resumes after any
+    stop; a job of another size would say nothing of N). Per format: the samples exported
+    and their rate over the span from the first sample (the export's own progress line),
+    the seconds before the first sample (the journals' two passes), peak RSS at the end or
+    the stop (the whole catalog is read by then: what grows with N), and ``whole`` (1: the
+    export ended by itself, its index files written; 0: a prefix)."""
     res: dict[str, float] = {}
     for fmt in ("specforge", "speculators"):
         dest = out.parent / f"{out.name}-exported-{fmt}"
         shutil.rmtree(dest, ignore_errors=True)
         argv = [PY, "-m", "eagle3d", "export", "-o", str(out), "--format", fmt, "--to", str(dest)]
-        t0 = time.perf_counter()
-        proc = subprocess.Popen([*argv, "--json"], stdout=subprocess.PIPE, env=ENV)
-        doc = json.loads(proc.stdout.read() if proc.stdout else b"{}")
-        rc, _cpu, rss = waited(proc)
-        s = time.perf_counter() - t0
+        one = _bounded_export([*argv, "--progress"], seconds)
         shutil.rmtree(dest, ignore_errors=True)
         key = "" if fmt == "specforge" else f"{fmt}_"
-        res[f"{key}rc"], res[f"{key}rss"] = rc, rss
-        res[f"{key}samples_s"] = doc.get("exported", 0) / s
+        res.update({f"{key}{k}": v for k, v in one.items()})
     return res
+
+
+def _bounded_export(argv: list[str], seconds: float) -> dict[str, float]:
+    """Run one export, SIGINT after ``seconds``; its figures from its progress lines."""
+    lines: list[tuple[float, str]] = []
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=ENV)
+
+    def read() -> None:
+        assert proc.stderr is not None
+        for raw in proc.stderr:
+            lines.append((time.perf_counter() - t0, raw.decode(errors="replace")))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    whole = 1.0
+    while True:  # wait4 (not Popen.poll, which reaps without the rusage)
+        pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        if whole and time.perf_counter() - t0 > seconds:
+            proc.send_signal(signal.SIGINT)
+            whole = 0.0
+        time.sleep(0.2)
+    rc, rss = os.waitstatus_to_exitcode(status), ru.ru_maxrss * 1024
+    proc.returncode = rc
+    reader.join(timeout=10)
+    got = [(t, m) for t, line in lines if (m := _PROGRESS.search(line))]
+    first = got[0][0] if got else float("nan")
+    n = int(got[-1][1].group(1).replace(",", "")) if got else 0
+    rate = float(got[-1][1].group(3).replace(",", "")) if got else 0.0
+    return {"rc": rc, "rss": rss, "samples": n, "samples_s": rate, "first_s": first, "whole": whole}
 
 
 def measure(n: int, args: argparse.Namespace, model: Path) -> dict[str, Any]:
@@ -314,7 +359,7 @@ def measure_output(
     print("  verify", flush=True)
     res["verify"] = verify_vs_cat(out)
     print("  export", flush=True)
-    res["export"] = export(out)
+    res["export"] = export(out, args.export_seconds)
     print(json.dumps(res, indent=1), flush=True)
     return res
 
@@ -344,13 +389,7 @@ def ratios(base: dict[str, Any], big: dict[str, Any]) -> list[tuple[str, float, 
         ("verify MB/s", base["verify"]["mb_s"], big["verify"]["mb_s"]),
         ("verify / cat", base["verify"]["of_cat"], big["verify"]["of_cat"]),
         ("verify peak RSS MB", base["verify"]["rss"] / 1e6, big["verify"]["rss"] / 1e6),
-        ("export samples/s", base["export"]["samples_s"], big["export"]["samples_s"]),
-        ("export peak RSS MB", base["export"]["rss"] / 1e6, big["export"]["rss"] / 1e6),
-        (
-            "export speculators peak RSS MB",
-            base["export"]["speculators_rss"] / 1e6,
-            big["export"]["speculators_rss"] / 1e6,
-        ),
+        *_export_rows(base["export"], big["export"]),
         ("journal bytes / sample", base["journal_bytes"] / nb, big["journal_bytes"] / nn),
         ("checkpoint KB", base["checkpoint_bytes"] / 1e3, big["checkpoint_bytes"] / 1e3),
     ]
@@ -359,6 +398,24 @@ def ratios(base: dict[str, Any], big: dict[str, Any]) -> list[tuple[str, float, 
         for k, a, b in rows
         if a is not None and b is not None
     ]
+
+
+def _export_rows(base: dict[str, float], big: dict[str, float]) -> list[tuple[str, float, float]]:
+    """The export's figures, each format's label saying whether it is the whole job's or a
+    prefix's (stopped after ``--export-seconds``: "prefix a/b" of the baseline / at N)."""
+    rows = []
+    for fmt, key in (("specforge", ""), ("speculators", "speculators_")):
+        span = (
+            "whole"
+            if base[f"{key}whole"] and big[f"{key}whole"]
+            else (f"prefix {base[f'{key}samples']:,.0f}/{big[f'{key}samples']:,.0f}")
+        )
+        rows += [
+            (f"export {fmt} samples/s ({span})", base[f"{key}samples_s"], big[f"{key}samples_s"]),
+            (f"export {fmt} peak RSS MB ({span})", base[f"{key}rss"] / 1e6, big[f"{key}rss"] / 1e6),
+            (f"export {fmt} s to first sample", base[f"{key}first_s"], big[f"{key}first_s"]),
+        ]
+    return rows
 
 
 def partial(base: Path, args: argparse.Namespace, model: Path) -> int:
@@ -388,6 +445,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", default="/tmp/e3d-scale")
     ap.add_argument("--tui-seconds", type=float, default=10.0)
     ap.add_argument("--json", default="")
+    ap.add_argument(
+        "--export-seconds",
+        type=float,
+        default=180.0,
+        help="each export format's span before SIGINT (a prefix of the job, said in the table)",
+    )
     ap.add_argument(
         "--partial",
         default="",
