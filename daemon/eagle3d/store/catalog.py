@@ -139,27 +139,24 @@ def checksum_key(checksum: str) -> int:
 class Counted:
     """Sample id -> the ``sample_saved`` record that counts (the latest of the last shard
     that saved it, unless a ``sample_invalid`` followed): its shard's ordinal (1-based; 0:
-    none), the low 32 bits of its ``seq`` and its :func:`checksum_key`. 10 bytes a sample in
-    three arrays, grown as ids appear; no record is kept."""
+    none) and the low 32 bits of its ``seq``. 5 bytes a sample in two arrays (6 past 255
+    shards), grown as ids appear; no record is kept."""
 
-    def __init__(self) -> None:
-        self.owners = array("H")
+    def __init__(self, shards: int = 1) -> None:
+        self.owners = array("B" if shards < 256 else "H")
         self.seqs = array("I")
-        self.keys = array("I")
 
     def _grow(self, idx: int) -> None:
         n = idx + 1 - len(self.owners)
         if n > 0:
             n = max(n, len(self.owners) >> 3)  # amortized: an eighth more at a time
-            self.owners.frombytes(bytes(2 * n))
+            self.owners.frombytes(bytes(self.owners.itemsize * n))
             self.seqs.frombytes(bytes(4 * n))
-            self.keys.frombytes(bytes(4 * n))
 
-    def set(self, idx: int, ordinal: int, seq: int, key: int) -> None:
+    def set(self, idx: int, ordinal: int, seq: int) -> None:
         self._grow(idx)
         self.owners[idx] = ordinal
         self.seqs[idx] = seq & 0xFFFFFFFF
-        self.keys[idx] = key
 
     def owner(self, idx: int) -> int:
         return self.owners[idx] if idx < len(self.owners) else 0
@@ -186,10 +183,10 @@ class _CountFold:
         index, ordinal = self.index, self.ordinal
         for e in batch:
             if isinstance(e, ev.SampleSaved):
-                index.set(e.idx, ordinal, e.seq, checksum_key(e.checksum))
+                index.set(e.idx, ordinal, e.seq)
             elif isinstance(e, ev.SampleInvalid):
                 if index.owner(e.idx) == ordinal:
-                    index.set(e.idx, 0, 0, 0)
+                    index.set(e.idx, 0, 0)
             elif isinstance(e, ev.RunStarted | ev.RunFinished):
                 self.view.session(e)
 
@@ -262,7 +259,7 @@ def scan(output: str) -> Streamed:
     dirs = paths.shard_dirs(out)
     if not dirs:
         raise NoJournal(f"no eagle3d journal under {out}/{paths.STATE_DIR}")
-    cat = Streamed(out)
+    cat = Streamed(out, index=Counted(len(dirs)))
     for ordinal, (shard, jdir) in enumerate(dirs, start=1):
         view = ShardView(shard)
         rep = replay(jdir, _CountFold(view, ordinal, cat.index).sink)

@@ -170,15 +170,16 @@ WINDOW = 4 << 20
 
 class Manifest:
     """``done.e3x``: the exported samples, latest record per sample wins. In memory, in
-    arrays (16 bytes a sample): each sample id's row ``k`` (-1: not exported) and its
-    source's :func:`~eagle3d.store.catalog.checksum_key`, and where each row's latest record
-    lies in the file (:meth:`record` and :meth:`rows` read records back from there)."""
+    arrays (12 bytes a sample; 16 once the file passes 4 GiB): each sample id's row ``k``
+    (-1: not exported) and its source's :func:`~eagle3d.store.catalog.checksum_key`, and
+    where each row's latest record lies in the file (:meth:`record` and :meth:`rows` read
+    records back from there)."""
 
     def __init__(self, state_dir: str) -> None:
         self.path = os.path.join(state_dir, "done.e3x")
         self.ks = array("i")  # sample id -> its row k (-1: none)
         self.sources = array("I")  # sample id -> checksum key of the source it was made from
-        self.at = array("q")  # row k -> offset of its latest record's frame (-1: none)
+        self.at = array("I")  # row k -> 1 + offset of its latest record's frame (0: none)
         end = 0
         with contextlib.suppress(FileNotFoundError), open(self.path, "rb", buffering=0) as f:
             end = self._load(f)
@@ -216,8 +217,10 @@ class Manifest:
         self.ks[rec.idx] = rec.k
         self.sources[rec.idx] = catalog.checksum_key(rec.source)
         if rec.k >= len(self.at):
-            self.at.extend([-1] * (rec.k + 1 - len(self.at)))
-        self.at[rec.k] = offset
+            self.at.frombytes(bytes(self.at.itemsize * (rec.k + 1 - len(self.at))))
+        if offset >= 0xFFFFFFFF and self.at.typecode == "I":
+            self.at = array("q", self.at)  # past 4 GiB (speculators' rows): 8 bytes a row
+        self.at[rec.k] = offset + 1
 
     def row(self, idx: int) -> int:
         """Sample ``idx``'s row (-1: not exported)."""
@@ -235,7 +238,7 @@ class Manifest:
     def record(self, k: int) -> Done:
         """Row ``k``'s latest record, read back from the file."""
         with open(self.path, "rb") as f:
-            return self._read(f, self.at[k])
+            return self._read(f, self.at[k] - 1)
 
     @staticmethod
     def _read(f: IO[bytes], offset: int) -> Done:
@@ -259,10 +262,10 @@ class Manifest:
         """Every row's ids and mask in row order, read back from the file one record at a
         time (rows ``0..n-1``; a missing one raises ValueError)."""
         with open(self.path, "rb") as f:
-            for k, offset in enumerate(self.at):
-                if offset < 0:
+            for k, at in enumerate(self.at):
+                if not at:
                     raise ValueError(f"the manifest has no row {k}")
-                rec = self._read(f, offset)
+                rec = self._read(f, at - 1)
                 yield exporters.Row(k, rec.ids, rec.mask)
 
     def close(self) -> None:
@@ -362,18 +365,12 @@ def _claim(state: str, out: str, fmt: str, job: Any) -> str:
 
 
 def _count(cat: catalog.Streamed, manifest: Manifest, report: ExportReport) -> int:
-    """Count the committed samples and those exported as they are now into ``report``; how
-    many are left to export."""
-    index = cat.index
-    report.committed = index.committed()
-    owners, keys = index.owners, index.keys
-    ks, sources = manifest.ks, manifest.sources
-    report.already = sum(
-        1
-        for i in range(min(len(owners), len(ks)))
-        if owners[i] and ks[i] >= 0 and sources[i] == keys[i]
-    )
-    return report.committed - report.already
+    """Count the committed samples into ``report``; how many of them have no row yet (those
+    re-extracted since their export are found and added as the export meets them)."""
+    report.committed = cat.index.committed()
+    owners, ks = cat.index.owners, manifest.ks
+    rowed = sum(1 for i in range(min(len(owners), len(ks))) if owners[i] and ks[i] >= 0)
+    return report.committed - rowed
 
 
 def _run(
@@ -425,7 +422,10 @@ class _Batches:
     def take(self, e: catalog.Entry) -> None:
         """One committed sample: exported with its batch unless exported as it is."""
         if self.manifest.unchanged(e.idx, catalog.checksum_key(e.checksum)):
+            self.report.already += 1
             return
+        if self.manifest.row(e.idx) >= 0:
+            self.todo += 1  # re-extracted since its export (verify --repair): again
         self.pending.append(e)
         if len(self.pending) >= BATCH:
             self.flush()
