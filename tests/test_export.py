@@ -394,7 +394,9 @@ def test_the_exports_state_is_arrays_by_sample_id_not_objects(
         assert _compact(m, 40)
         assert all(isinstance(a, array) for a in (m.ks, m.sources, m.at))
         assert sum(a.itemsize for a in (m.ks, m.sources, m.at)) == 12
-        assert sorted(m.row(e.idx) for e in catalog.read(str(src)).entries) == list(range(40))
+        entries = catalog.read(str(src)).entries
+        assert sorted(m.row(e.idx) for e in entries) == list(range(40))
+        assert all(m.record(m.row(e.idx)).idx == e.idx for e in entries)  # read back by row
     finally:
         m.close()
     # The entries pass 2 hands over are the full fold's, one each.
