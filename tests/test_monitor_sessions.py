@@ -142,7 +142,8 @@ async def test_panel_counts_per_session_and_in_all_and_the_feed_stays_bounded(
             # The read after a stop takes the checkpoint's tail (a SIGTERM's final checkpoint
             # leaves none; a kill, what came after the newest one), never the session whole.
             assert feed.largest_read <= 4 * CHECKPOINT_EVERY, (k, feed.largest_read)
-        assert max(objects) <= 2 and objects[-1] <= objects[0], objects
+        # No state is kept per session (other tests' states may be alive in this process).
+        assert max(objects) <= objects[0], objects
         assert feed is not None and feed.row.state is not None
         sessions = journal_counts(out)
         assert len(sessions) == 4
