@@ -94,13 +94,10 @@ class Feeder:
             self.failed(f"{type(e).__name__}: {e}", False)
 
     def _feed(self) -> None:
-        from transformers import AutoTokenizer
-
-        from eagle3d.ingest.chat import ChatEncoder
+        from eagle3d.ingest.chat import encoder
         from eagle3d.ingest.dataformats import BadSample, iter_rows, parse_row, unit
 
-        tok = AutoTokenizer.from_pretrained(self.model)
-        enc = ChatEncoder(tok, max_length=self.max_length, on_overflow=self.on_overflow)
+        enc = encoder(self.model, self.max_length, self.on_overflow)
         status = self.status
         rows = iter_rows(self.dataset, self.fmt, *self.shard, pin=self.pin, max_line=self.max_line)
         for idx, raw in rows:
