@@ -143,3 +143,20 @@ def test_rows_at_reads_a_compressed_file_in_order(tmp_path: Path) -> None:
     assert found.rows == 9 and found.starts is None
     got = [(i, json.loads(r)["input_ids"]) for i, r in dataformats.rows_at(str(p), fmt, [2, 7])]  # type: ignore[arg-type]
     assert got == [(2, [2]), (7, [7])]
+
+
+def test_iter_rows_from_a_row_offset_reads_the_same_rows_after_it(tmp_path: Path) -> None:
+    """A resumed feeder starts at its first pending row's offset (through the pin): the rows
+    from there are those a read from the start gives."""
+    from eagle3d.ingest import pin
+
+    p = tmp_path / "d.jsonl"
+    p.write_bytes(b"\xef\xbb\xbf" + b"".join(f"{IDS}\r\n\n".encode() for _ in range(6)))
+    fmt = dataformats.detect(str(p))
+    pinned = pin.take(str(p))
+    found = dataformats.index(str(p), fmt, pinned)
+    whole = list(dataformats.iter_rows(str(p), fmt, 1, 3, pinned))
+    for row in range(found.rows):
+        at = (row, int(found.starts[row]))
+        got = list(dataformats.iter_rows(str(p), fmt, 1, 3, pinned, skip_to=at))
+        assert got == [(i, r) for i, r in whole if i >= row]

@@ -269,12 +269,15 @@ def _finish_line(f: IO[bytes], line: bytes, max_line: int) -> bytes | TooLong:
 
 
 def _lines(
-    path: str, fmt: Format, pin: Pin | None = None, max_line: int = MAX_LINE_BYTES
+    path: str, fmt: Format, pin: Pin | None = None, max_line: int = MAX_LINE_BYTES, at: int = 0
 ) -> Iterator[bytes | TooLong]:
     """The lines of a JSONL file (compressed or not), line endings removed; a line longer
-    than ``max_line`` bytes is a :class:`TooLong`, read past in pieces."""
+    than ``max_line`` bytes is a :class:`TooLong`, read past in pieces. ``at``: the byte
+    offset of a line to start from (an uncompressed file)."""
     with _open_text(path, fmt.name, pin) as f:
-        first = True
+        first = not at
+        if at:
+            f.seek(at)
         while line := f.readline(max_line + 2):  # room for the line's own \r\n
             if first:
                 line = line.removeprefix(_BOM)  # not part of line 1's JSON
@@ -289,15 +292,19 @@ def iter_rows(
     shard_count: int = 1,
     pin: Pin | None = None,
     max_line: int = MAX_LINE_BYTES,
+    skip_to: tuple[int, int] | None = None,
 ) -> Iterator[tuple[int, Row]]:
-    """``(idx, row)`` for the rows with ``idx % shard_count == shard_index``, in order."""
+    """``(idx, row)`` for the rows with ``idx % shard_count == shard_index``, in order;
+    ``skip_to``: (a row id, its byte offset from :func:`index`) of an uncompressed JSONL file,
+    where reading starts (the rows before it are not read)."""
     if fmt.name == "parquet":
         yield from _parquet_rows(path, fmt, shard_index, shard_count, pin, max_line)
         return
+    first, at = skip_to if skip_to is not None and fmt.name == "jsonl" else (0, 0)
     rows: Iterator[Any] = (
-        _items(path, pin, max_line) if fmt.name == "json" else _lines(path, fmt, pin, max_line)
+        _items(path, pin, max_line) if fmt.name == "json" else _lines(path, fmt, pin, max_line, at)
     )
-    for idx, row in enumerate(rows):
+    for idx, row in enumerate(rows, first):
         if idx % shard_count == shard_index:
             yield idx, row if isinstance(row, TooLong) else bytes(row)
 
