@@ -113,6 +113,7 @@ def _counted_line_by_line(path: Path, max_line: int) -> tuple[int, list[int], li
         b'{"a": 1}\n' + b"x" * 40 + b"\n" + b" " * 40 + b"\n{}\n\x0b\x0c\n",
         b"{}\r\n" * 7 + b"   \r\n" + b" " * 9 + b"\r",
         b"\n\n\n{}",
+        b" {}\n \n\t{}\n  \r\n" + b" " * 20 + b"{}\n" + b" " * 13 + b"\n",
     ],
 )
 @pytest.mark.parametrize("chunk", [1, 2, 3, 5, 64])

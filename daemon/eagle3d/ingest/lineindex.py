@@ -22,6 +22,12 @@ CHUNK = 1 << 20
 _BOM = b"\xef\xbb\xbf"
 _WHITE = np.zeros(256, dtype=bool)
 _WHITE[list(b" \t\n\r\x0b\x0c")] = True
+_WHITE_BYTES = b" \t\n\r\x0b\x0c"
+
+
+def _inked(b: bytes) -> bool:
+    """Whether ``b`` holds a byte that is not white space."""
+    return bool(b.translate(None, _WHITE_BYTES))
 
 
 @dataclass(slots=True)
@@ -48,32 +54,44 @@ class _Scan:
 
     def chunk(self, b: bytes) -> None:
         arr = np.frombuffer(b, dtype=np.uint8)
-        ink = ~_WHITE[arr]
         nl = np.flatnonzero(arr == 10)
         if len(nl):
-            self._ended(arr, ink, nl)
+            self._ended(b, arr, nl)
         else:
-            self.ink = self.ink or bool(ink.any())
+            self.ink = self.ink or _inked(b)
         self.pos += len(b)
-        self.last = int(arr[-1])
+        self.last = b[-1]
 
-    def _ended(self, arr: Any, ink: Any, nl: Any) -> None:
-        """The rows ended in this chunk (``nl``: its newlines)."""
+    def _ended(self, b: bytes, arr: Any, nl: Any) -> None:
+        """The rows ended in this chunk (``nl``: its newlines). A row is blank only if it is
+        empty or starts with white space: only those (and the chunk's first row, which may
+        have begun in an earlier chunk) are looked at one by one."""
         base = self.pos
-        cum = np.concatenate(([0], np.cumsum(ink, dtype=np.int64)))
-        local = np.concatenate(([0], nl[:-1] + 1))
-        inked = cum[nl] - cum[local] > 0
-        inked[0] |= self.ink
         begin = np.concatenate(([self.start], base + nl[:-1] + 1))
-        before = np.where(nl > 0, arr[np.maximum(nl - 1, 0)], self.last)
-        length = base + nl - begin - (before == 13)
-        blank = np.flatnonzero(~inked & (length <= self.max_line))
-        self.blank.extend((blank + self.rows).tolist())
+        local = begin - base
+        first = arr[np.clip(local, 0, len(b) - 1)]
+        maybe = (local >= nl) | _WHITE[first]
+        maybe[0] = True
+        for j in np.flatnonzero(maybe).tolist():
+            if self._blank(b, j, int(local[j]), int(nl[j])):
+                self.blank.append(self.rows + j)
         if self.keep:
             self.starts.append(begin.astype(np.int64))
         self.rows += len(nl)
         self.start = self.raw = base + int(nl[-1]) + 1
-        self.ink = bool(cum[-1] - cum[int(nl[-1]) + 1] > 0)
+        self.ink = _inked(b[int(nl[-1]) + 1 :])
+
+    def _blank(self, b: bytes, j: int, lo: int, hi: int) -> bool:
+        """Whether row ``j`` of the chunk, ending at ``b[hi]``, is blank (row 0 may have
+        begun in an earlier chunk: what it held there is ``self.ink``)."""
+        if j == 0:
+            if self.ink:
+                return False
+            start, lo = self.start, max(lo, 0)
+        else:
+            start = self.pos + lo
+        cr = (b[hi - 1] if hi > 0 else self.last) == 13
+        return self.pos + hi - start - cr <= self.max_line and not _inked(b[lo:hi])
 
     def end(self) -> Lines:
         if self.pos > self.raw:  # a last row with no newline
