@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -133,7 +134,16 @@ def _counting(stages: StartStages | None, total: int) -> Callable[[int, int], ob
     not the file's)."""
     if stages is None:
         return None
-    return lambda rows, done: stages.progress(rows, done, total, "counting rows")
+    from eagle3d.remote import faults
+
+    slow = faults.armed("count_slow")
+
+    def counting(rows: int, done: int) -> None:
+        stages.progress(rows, done, total, "counting rows")
+        if slow is not None:
+            time.sleep(slow.n / 1000)
+
+    return counting
 
 
 def check_fingerprint(last: ev.RunStarted | None, job: ev.JobInfo, force: bool, output: str) -> str:
