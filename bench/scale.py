@@ -15,8 +15,8 @@ SIGKILL at ``--kills`` random points and started again until it finishes. Then:
   seconds over ``--tui-seconds``;
 * ``eagle3d verify``: MB/s and peak RSS, against ``cat`` reading the same files
   (``xargs cat > /dev/null`` over the journal's list of paths, no tree walk) just before;
-* ``eagle3d export --format specforge``: samples/s and peak RSS on ``--export-samples`` of
-  them (a dataset of that many rows of the same job);
+* ``eagle3d export --format specforge`` and ``speculators`` of the whole job: samples/s and
+  peak RSS;
 * the journal's and the checkpoint's bytes.
 
 The result is each figure's ratio to the baseline's (per sample where the figure grows with N
@@ -232,43 +232,24 @@ def verify_vs_cat(out: Path) -> dict[str, float]:
     }
 
 
-def export(model: Path, data: Path, out: Path, k: int) -> dict[str, float]:
-    """export --format specforge of the job's first ``k`` samples (their own output)."""
-    sub = out.parent / f"{out.name}-exp{k}"
-    head = out.parent / f"{out.name}-head{k}.jsonl"
-    if not sub.exists():
-        with open(data) as src, open(head, "w") as dst:
-            for i, line in enumerate(src):
-                if i >= k:
-                    break
-                dst.write(line)
-        argv = [
-            PY,
-            "-m",
-            "eagle3d",
-            "run",
-            "--model",
-            str(model),
-            "--dataset",
-            str(head),
-            "--output",
-            str(sub),
-            "--backend",
-            "synthetic",
-            "--dump-dir",
-            f"{sub}.dumps",
-            "--socket",
-            f"{sub}.sock",
-        ]
-        subprocess.run(argv, env=ENV, check=True, capture_output=True)
-    dest = out.parent / f"{out.name}-exported"
-    shutil.rmtree(dest, ignore_errors=True)
-    r = timed(
-        [PY, "-m", "eagle3d", "export", "-o", str(sub), "--format", "specforge", "--to", str(dest)]
-    )
-    size = sum(f.stat().st_size for f in dest.rglob("*") if f.is_file()) if dest.exists() else 0
-    shutil.rmtree(dest, ignore_errors=True)
-    return {"rc": r["rc"], "samples_s": k / r["s"], "mb_s": size / 1e6 / r["s"], "rss": r["rss"]}
+def export(out: Path) -> dict[str, float]:
+    """export --format specforge of the whole job (its N samples: a job of another size
+    would say nothing of N), then --format speculators, the format with an index."""
+    res: dict[str, float] = {}
+    for fmt in ("specforge", "speculators"):
+        dest = out.parent / f"{out.name}-exported-{fmt}"
+        shutil.rmtree(dest, ignore_errors=True)
+        argv = [PY, "-m", "eagle3d", "export", "-o", str(out), "--format", fmt, "--to", str(dest)]
+        t0 = time.perf_counter()
+        proc = subprocess.Popen([*argv, "--json"], stdout=subprocess.PIPE, env=ENV)
+        doc = json.loads(proc.stdout.read() if proc.stdout else b"{}")
+        rc, _cpu, rss = waited(proc)
+        s = time.perf_counter() - t0
+        shutil.rmtree(dest, ignore_errors=True)
+        key = "" if fmt == "specforge" else f"{fmt}_"
+        res[f"{key}rc"], res[f"{key}rss"] = rc, rss
+        res[f"{key}samples_s"] = doc.get("exported", 0) / s
+    return res
 
 
 def measure(n: int, args: argparse.Namespace, model: Path) -> dict[str, Any]:
@@ -333,7 +314,7 @@ def measure_output(
     print("  verify", flush=True)
     res["verify"] = verify_vs_cat(out)
     print("  export", flush=True)
-    res["export"] = export(model, data, out, min(n, args.export_samples))
+    res["export"] = export(out)
     print(json.dumps(res, indent=1), flush=True)
     return res
 
@@ -365,6 +346,11 @@ def ratios(base: dict[str, Any], big: dict[str, Any]) -> list[tuple[str, float, 
         ("verify peak RSS MB", base["verify"]["rss"] / 1e6, big["verify"]["rss"] / 1e6),
         ("export samples/s", base["export"]["samples_s"], big["export"]["samples_s"]),
         ("export peak RSS MB", base["export"]["rss"] / 1e6, big["export"]["rss"] / 1e6),
+        (
+            "export speculators peak RSS MB",
+            base["export"]["speculators_rss"] / 1e6,
+            big["export"]["speculators_rss"] / 1e6,
+        ),
         ("journal bytes / sample", base["journal_bytes"] / nb, big["journal_bytes"] / nn),
         ("checkpoint KB", base["checkpoint_bytes"] / 1e3, big["checkpoint_bytes"] / 1e3),
     ]
@@ -401,7 +387,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=29)
     ap.add_argument("--dir", default="/tmp/e3d-scale")
     ap.add_argument("--tui-seconds", type=float, default=10.0)
-    ap.add_argument("--export-samples", type=int, default=10_000)
     ap.add_argument("--json", default="")
     ap.add_argument(
         "--partial",
