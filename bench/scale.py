@@ -488,6 +488,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     sys.path[:0] = [str(ROOT / "shared"), str(ROOT / "daemon"), str(ROOT / "tui")]
+    # Bytecode as an installed package has it (pip compiles a wheel's modules at install):
+    # where PYTHONDONTWRITEBYTECODE is set, a source checkout would otherwise compile every
+    # module at every start, and --once against the interpreter would measure the compiler.
+    import compileall
+
+    for d in ("shared", "daemon", "tui"):
+        compileall.compile_dir(str(ROOT / d), quiet=1)
     model = Path(args.dir) / "tiny"
     if not (model / "config.json").exists():
         # In a child: this process stays small, since a child's peak RSS (wait4) counts
