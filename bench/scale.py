@@ -316,8 +316,9 @@ def measure_output(
     res["tui"] = tui(out, args.tui_seconds)
     print("  verify", flush=True)
     res["verify"] = verify_vs_cat(out)
-    print("  export", flush=True)
-    res["export"] = export(out)
+    if "export" not in args.skip:
+        print("  export", flush=True)
+        res["export"] = export(out)
     print(json.dumps(res, indent=1), flush=True)
     return res
 
@@ -352,13 +353,7 @@ def ratios(base: dict[str, Any], big: dict[str, Any]) -> list[tuple[str, float, 
         ("verify MB/s", base["verify"]["mb_s"], big["verify"]["mb_s"]),
         ("verify / cat", base["verify"]["of_cat"], big["verify"]["of_cat"]),
         ("verify peak RSS MB", base["verify"]["rss"] / 1e6, big["verify"]["rss"] / 1e6),
-        ("export samples/s", base["export"]["samples_s"], big["export"]["samples_s"]),
-        ("export peak RSS MB", base["export"]["rss"] / 1e6, big["export"]["rss"] / 1e6),
-        (
-            "export speculators peak RSS MB",
-            base["export"]["speculators_rss"] / 1e6,
-            big["export"]["speculators_rss"] / 1e6,
-        ),
+        *_export_rows(base.get("export", {}), big.get("export", {})),
         ("journal bytes / sample", base["journal_bytes"] / nb, big["journal_bytes"] / nn),
         ("checkpoint KB", base["checkpoint_bytes"] / 1e3, big["checkpoint_bytes"] / 1e3),
     ]
@@ -366,6 +361,17 @@ def ratios(base: dict[str, Any], big: dict[str, Any]) -> list[tuple[str, float, 
         (k, a, b, (b / a) if a else float("nan"))
         for k, a, b in rows
         if a is not None and b is not None
+    ]
+
+
+def _export_rows(a: dict[str, float], b: dict[str, float]) -> list[tuple[str, Any, Any]]:
+    """The export's rows of :func:`ratios` (none where the export was skipped)."""
+    if not a or not b:
+        return []
+    return [
+        ("export samples/s", a["samples_s"], b["samples_s"]),
+        ("export peak RSS MB", a["rss"] / 1e6, b["rss"] / 1e6),
+        ("export speculators peak RSS MB", a["speculators_rss"] / 1e6, b["speculators_rss"] / 1e6),
     ]
 
 
@@ -485,6 +491,11 @@ def main(argv: list[str] | None = None) -> int:
         help="measure two finished jobs again (the baseline's and N's n<N> folders) with "
         "this checkout's code; --json names the earlier run's results (read) and gets "
         "'.remeasured' for the new ones",
+    )
+    ap.add_argument(
+        "--skip",
+        default="",
+        help="steps of the measurement left out, comma-separated (export: measured apart)",
     )
     args = ap.parse_args(argv)
     sys.path[:0] = [str(ROOT / "shared"), str(ROOT / "daemon"), str(ROOT / "tui")]
