@@ -15,8 +15,8 @@ SIGKILL at ``--kills`` random points and started again until it finishes. Then:
   seconds over ``--tui-seconds``;
 * ``eagle3d verify``: MB/s and peak RSS, against ``cat`` reading the same files
   (``xargs cat > /dev/null`` over the journal's list of paths, no tree walk) just before;
-* ``eagle3d export --format specforge``: samples/s and peak RSS on ``--export-samples`` of
-  them (a dataset of that many rows of the same job);
+* ``eagle3d export --format specforge`` and ``speculators`` of the whole job: samples/s and
+  peak RSS;
 * the journal's and the checkpoint's bytes.
 
 The result is each figure's ratio to the baseline's (per sample where the figure grows with N
@@ -207,9 +207,12 @@ def sample_paths(out: Path) -> Path:
 
 def verify_vs_cat(out: Path) -> dict[str, float]:
     lst = sample_paths(out)
-    t0 = time.perf_counter()
-    subprocess.run(f"xargs -0 -n 2000 cat < {lst} > /dev/null", shell=True, check=True)
-    cat_s = time.perf_counter() - t0
+    # Twice: the first read brings the files into the page cache, the second is timed, so
+    # that cat and verify (after it) both read warm files (neither measures the disk).
+    for _ in range(2):
+        t0 = time.perf_counter()
+        subprocess.run(f"xargs -0 -n 2000 cat < {lst} > /dev/null", shell=True, check=True)
+        cat_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     proc = subprocess.Popen(
         [PY, "-m", "eagle3d", "verify", "-o", str(out), "--json"], stdout=subprocess.PIPE, env=ENV
@@ -232,43 +235,24 @@ def verify_vs_cat(out: Path) -> dict[str, float]:
     }
 
 
-def export(model: Path, data: Path, out: Path, k: int) -> dict[str, float]:
-    """export --format specforge of the job's first ``k`` samples (their own output)."""
-    sub = out.parent / f"{out.name}-exp{k}"
-    head = out.parent / f"{out.name}-head{k}.jsonl"
-    if not sub.exists():
-        with open(data) as src, open(head, "w") as dst:
-            for i, line in enumerate(src):
-                if i >= k:
-                    break
-                dst.write(line)
-        argv = [
-            PY,
-            "-m",
-            "eagle3d",
-            "run",
-            "--model",
-            str(model),
-            "--dataset",
-            str(head),
-            "--output",
-            str(sub),
-            "--backend",
-            "synthetic",
-            "--dump-dir",
-            f"{sub}.dumps",
-            "--socket",
-            f"{sub}.sock",
-        ]
-        subprocess.run(argv, env=ENV, check=True, capture_output=True)
-    dest = out.parent / f"{out.name}-exported"
-    shutil.rmtree(dest, ignore_errors=True)
-    r = timed(
-        [PY, "-m", "eagle3d", "export", "-o", str(sub), "--format", "specforge", "--to", str(dest)]
-    )
-    size = sum(f.stat().st_size for f in dest.rglob("*") if f.is_file()) if dest.exists() else 0
-    shutil.rmtree(dest, ignore_errors=True)
-    return {"rc": r["rc"], "samples_s": k / r["s"], "mb_s": size / 1e6 / r["s"], "rss": r["rss"]}
+def export(out: Path) -> dict[str, float]:
+    """export --format specforge of the whole job (its N samples: a job of another size
+    would say nothing of N), then --format speculators, the format with an index."""
+    res: dict[str, float] = {}
+    for fmt in ("specforge", "speculators"):
+        dest = out.parent / f"{out.name}-exported-{fmt}"
+        shutil.rmtree(dest, ignore_errors=True)
+        argv = [PY, "-m", "eagle3d", "export", "-o", str(out), "--format", fmt, "--to", str(dest)]
+        t0 = time.perf_counter()
+        proc = subprocess.Popen([*argv, "--json"], stdout=subprocess.PIPE, env=ENV)
+        doc = json.loads(proc.stdout.read() if proc.stdout else b"{}")
+        rc, _cpu, rss = waited(proc)
+        s = time.perf_counter() - t0
+        shutil.rmtree(dest, ignore_errors=True)
+        key = "" if fmt == "specforge" else f"{fmt}_"
+        res[f"{key}rc"], res[f"{key}rss"] = rc, rss
+        res[f"{key}samples_s"] = doc.get("exported", 0) / s
+    return res
 
 
 def measure(n: int, args: argparse.Namespace, model: Path) -> dict[str, Any]:
@@ -332,8 +316,9 @@ def measure_output(
     res["tui"] = tui(out, args.tui_seconds)
     print("  verify", flush=True)
     res["verify"] = verify_vs_cat(out)
-    print("  export", flush=True)
-    res["export"] = export(model, data, out, min(n, args.export_samples))
+    if "export" not in args.skip:
+        print("  export", flush=True)
+        res["export"] = export(out)
     print(json.dumps(res, indent=1), flush=True)
     return res
 
@@ -343,6 +328,11 @@ def ratios(base: dict[str, Any], big: dict[str, Any]) -> list[tuple[str, float, 
     nb, nn = base["n"], big["n"]
     rows = [
         ("resume s", base["job"]["resume_s"], big["job"]["resume_s"]),
+        (
+            "resume to producer up s",
+            base["job"].get("repaired", {}).get("up_s"),
+            big["job"].get("repaired", {}).get("up_s"),
+        ),
         ("--once s", base["once_s"], big["once_s"]),
         ("--once peak RSS MB", base["once_rss"] / 1e6, big["once_rss"] / 1e6),
         ("--once / interpreter start", base["once_of_interpreter"], big["once_of_interpreter"]),
@@ -363,8 +353,7 @@ def ratios(base: dict[str, Any], big: dict[str, Any]) -> list[tuple[str, float, 
         ("verify MB/s", base["verify"]["mb_s"], big["verify"]["mb_s"]),
         ("verify / cat", base["verify"]["of_cat"], big["verify"]["of_cat"]),
         ("verify peak RSS MB", base["verify"]["rss"] / 1e6, big["verify"]["rss"] / 1e6),
-        ("export samples/s", base["export"]["samples_s"], big["export"]["samples_s"]),
-        ("export peak RSS MB", base["export"]["rss"] / 1e6, big["export"]["rss"] / 1e6),
+        *_export_rows(base.get("export", {}), big.get("export", {})),
         ("journal bytes / sample", base["journal_bytes"] / nb, big["journal_bytes"] / nn),
         ("checkpoint KB", base["checkpoint_bytes"] / 1e3, big["checkpoint_bytes"] / 1e3),
     ]
@@ -373,6 +362,91 @@ def ratios(base: dict[str, Any], big: dict[str, Any]) -> list[tuple[str, float, 
         for k, a, b in rows
         if a is not None and b is not None
     ]
+
+
+def _export_rows(a: dict[str, float], b: dict[str, float]) -> list[tuple[str, Any, Any]]:
+    """The export's rows of :func:`ratios` (none where the export was skipped)."""
+    if not a or not b:
+        return []
+    return [
+        ("export samples/s", a["samples_s"], b["samples_s"]),
+        ("export peak RSS MB", a["rss"] / 1e6, b["rss"] / 1e6),
+        ("export speculators peak RSS MB", a["speculators_rss"] / 1e6, b["speculators_rss"] / 1e6),
+    ]
+
+
+def resume_after_repair(model: Path, data: Path, out: Path, n: int) -> dict[str, Any]:
+    """A resume of the finished job at its full size: one row folder taken away (2,000
+    samples, the middle one), ``verify --repair --quick`` journals them missing, then
+    ``eagle3d run`` again, timed to "producer up" and to the first sample saved again (the
+    folder's first file); the run then finishes the 2,000. Its journal and checkpoint are the
+    whole job's, its dataset all N rows: what a resume after a crash or damage pays."""
+    from eagle3proto import paths
+
+    g = (n // 2) // paths.GROUP_SIZE * paths.GROUP_SIZE
+    folder = out / paths.rows_dir(g)
+    aside = out.parent / f"{out.name}.aside"
+    shutil.rmtree(aside, ignore_errors=True)
+    os.rename(folder, aside)
+    repair = timed([PY, "-m", "eagle3d", "verify", "-o", str(out), "--repair", "--quick"])
+    argv = [PY, "-m", "eagle3d", "run", "--model", str(model), "--dataset", str(data)]
+    argv += ["--output", str(out), "--backend", "synthetic", "--dump-dir", f"{out}.dumps"]
+    argv += ["--socket", f"{out}.sock", "--max-failed-fraction", "0.5"]
+    log = out.parent / f"{out.name}.log-repaired"
+    start = time.monotonic()
+    with open(log, "wb") as logf:
+        proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, env=ENV)
+    up = first = 0.0
+    while True:
+        pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        time.sleep(0.05)
+        now = time.monotonic() - start
+        if not up and b"up; window" in log.read_bytes()[-20000:]:
+            up = now
+        if not first and folder.is_dir() and any(folder.iterdir()):
+            first = now
+    rc = os.waitstatus_to_exitcode(status)
+    cpu, rss = ru.ru_utime + ru.ru_stime, ru.ru_maxrss * 1024
+    shutil.rmtree(aside, ignore_errors=True)
+    return {
+        "repair_s": repair["s"],
+        "repair_rc": repair["rc"],
+        "rc": rc,
+        "up_s": up,
+        "first_save_s": first,
+        "cpu_s": cpu,
+        "rss": rss,
+    }
+
+
+def remeasure(n_dirs: list[Path], args: argparse.Namespace, model: Path) -> int:
+    """The figures of finished jobs (made by an earlier run of this bench: its n<N> folders)
+    measured again with this checkout's code: the resume after a repair, then
+    everything :func:`measure_output` measures. The jobs' own figures (daemon RSS and CPU
+    per sample, the resumes after each kill) are the earlier run's, from its --json."""
+    from eagle3proto import paths
+    from eagle3top.sources import fold_journal
+
+    earlier = json.loads(Path(args.json).read_text()) if args.json else []
+    results = []
+    for i, d in enumerate(n_dirs):
+        out, data = d / "out", d / "d.jsonl"
+        state, _rep, _ = fold_journal(paths.journal_dir(str(out), paths.Shard()))
+        n = state.saved
+        print(f"N={n:,}: resume after a repair", flush=True)
+        job = dict(earlier[i]["job"]) if i < len(earlier) else {}
+        job["repaired"] = resume_after_repair(model, data, out, n)
+        job["resume_s"] = job["repaired"]["first_save_s"]
+        results.append(measure_output(out, n, job, model, data, args))
+    if args.json:
+        Path(args.json + ".remeasured").write_text(json.dumps(results, indent=1))
+    print(f"\n| figure | N={results[0]['n']:,} | N={results[1]['n']:,} | ratio |")
+    print("|---|---|---|---|")
+    for k, a, b, r in ratios(results[0], results[1]):
+        print(f"| {k} | {a:.4g} | {b:.4g} | {r:.2f} |")
+    return 0
 
 
 def partial(base: Path, args: argparse.Namespace, model: Path) -> int:
@@ -401,7 +475,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=29)
     ap.add_argument("--dir", default="/tmp/e3d-scale")
     ap.add_argument("--tui-seconds", type=float, default=10.0)
-    ap.add_argument("--export-samples", type=int, default=10_000)
     ap.add_argument("--json", default="")
     ap.add_argument(
         "--partial",
@@ -410,8 +483,29 @@ def main(argv: list[str] | None = None) -> int:
         help="measure a job the run ran out of time for (DIR: its n<N> folder, the daemon "
         "stopped): one more start for the resume, then the rest, at the samples it saved",
     )
+    ap.add_argument(
+        "--remeasure",
+        nargs=2,
+        default=None,
+        metavar="DIR",
+        help="measure two finished jobs again (the baseline's and N's n<N> folders) with "
+        "this checkout's code; --json names the earlier run's results (read) and gets "
+        "'.remeasured' for the new ones",
+    )
+    ap.add_argument(
+        "--skip",
+        default="",
+        help="steps of the measurement left out, comma-separated (export: measured apart)",
+    )
     args = ap.parse_args(argv)
     sys.path[:0] = [str(ROOT / "shared"), str(ROOT / "daemon"), str(ROOT / "tui")]
+    # Bytecode as an installed package has it (pip compiles a wheel's modules at install):
+    # where PYTHONDONTWRITEBYTECODE is set, a source checkout would otherwise compile every
+    # module at every start, and --once against the interpreter would measure the compiler.
+    import compileall
+
+    for d in ("shared", "daemon", "tui"):
+        compileall.compile_dir(str(ROOT / d), quiet=1)
     model = Path(args.dir) / "tiny"
     if not (model / "config.json").exists():
         # In a child: this process stays small, since a child's peak RSS (wait4) counts
@@ -419,6 +513,8 @@ def main(argv: list[str] | None = None) -> int:
         subprocess.run([PY, "-m", "eagle3d", "tiny-model", str(model)], env=ENV, check=True)
     if args.partial:
         return partial(Path(args.partial), args, model)
+    if args.remeasure:
+        return remeasure([Path(d) for d in args.remeasure], args, model)
     results = [measure(args.baseline, args, model)]
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))

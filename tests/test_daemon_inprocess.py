@@ -32,19 +32,22 @@ ROWS = 40
 
 @dataclass
 class Notes:
-    """A real ``$NOTIFY_SOCKET``: every STATUS the daemon sends, and a stop sent to this
-    process (the daemon's loop handles SIGTERM) when one of them matches ``stop_at``."""
+    """A real ``$NOTIFY_SOCKET``: every STATUS the daemon sends, whether it sent
+    ``STOPPING=1`` (only the ledger's judgement of a stop does), and a stop sent to this
+    process (the daemon's loop handles SIGTERM) when a STATUS matches ``stop_at``."""
 
     path: Path
     stop_at: Callable[[str], bool] = lambda status: False
     statuses: list[str] = field(default_factory=list)
     stopped_at: str = ""
+    stopping: bool = False
 
     def __post_init__(self) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.bind(str(self.path))
         self.sock.settimeout(0.1)
         self.done = threading.Event()
+        self.synced = threading.Event()
         self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()
 
@@ -57,12 +60,23 @@ class Notes:
             for line in data.decode().splitlines():
                 if line.startswith("STATUS="):
                     self._status(line[len("STATUS=") :])
+                self.stopping = self.stopping or line == "STOPPING=1"
+                if line == "SYNC=1":
+                    self.synced.set()
 
     def _status(self, text: str) -> None:
         self.statuses.append(text)
         if not self.stopped_at and self.stop_at(text):
             self.stopped_at = text
             os.kill(os.getpid(), signal.SIGTERM)
+
+    def sync(self, deadline_s: float = 30.0) -> None:
+        """Wait until everything sent so far is read: a datagram of its own, read after
+        those before it (a Unix datagram socket keeps their order)."""
+        self.synced.clear()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.sendto(b"SYNC=1", str(self.path))
+        assert self.synced.wait(deadline_s), "the notify socket's reader is stuck"
 
     def close(self) -> None:
         self.done.set()
@@ -116,9 +130,12 @@ def test_a_job_runs_to_its_end_in_process(
 
 # Each stage of a start, as sd_notify names it (a prefix of its STATUS), and whether the
 # output holds a job yet: a first run stopped before its journal is open leaves nothing.
+# From the journal's replay on the ledger judges the stop: during the replay and the
+# producer's launch the pipeline's pieces are not made yet, during the load they are.
 STAGES = [
     ("reading dataset", False),
     ("reading the journal", True),
+    ("launching the producer", True),
     ("loading", True),  # the producer's start: the synthetic one starts at once
 ]
 
@@ -137,6 +154,9 @@ def test_a_stop_at_each_stage_of_a_start_ends_cleanly_and_resumes_exactly_once(
     if not notes.stopped_at:  # the stage passed before its STATUS was read: not this case
         pytest.skip(f"no STATUS {stage!r} seen: {notes.statuses}")
     assert code == EXIT_OK, notes.statuses
+    # STOPPING=1 is the ledger's: a stop judged by it, not one that ended the start before it
+    notes.sync()
+    assert notes.stopping == resumed, notes.statuses
     if not resumed:  # stopped before anything was written: the output is not there
         assert not out.exists(), sorted(str(p) for p in out.rglob("*"))
     else:

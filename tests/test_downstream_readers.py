@@ -144,3 +144,33 @@ def test_modelopt_reads_the_modelopt_export(extracted: dict[str, Path]) -> None:
     batch = EagleOfflineDataCollator(train_len=256)([ds[0], ds[1]])
     assert batch["base_model_outputs"]["aux_hidden_states"].shape[:2] == (2, 256)
     assert batch["loss_mask"].shape == (2, 256)
+
+
+def test_modelopt_reads_an_export_of_several_row_folders(
+    extracted: dict[str, Path], tmp_path: Path
+) -> None:
+    """Samples beyond a folder's 2,000 (shard 0 of 41 of 4,100 rows: ids up to 4,059) go
+    to ``rows_*`` subfolders, which ModelOpt's listing (``rglob``) and reader take whole."""
+    import random
+
+    from modelopt.torch.speculative.eagle.utils import OfflineSupervisedDataset
+
+    r = random.Random(5)
+    data = tmp_path / "d.jsonl"
+    rows = [[r.randrange(1, 900) for _ in range(16)] for _ in range(4100)]
+    data.write_text(
+        "".join(json.dumps({"input_ids": i, "loss_mask": [0] * 4 + [1] * 12}) + "\n" for i in rows)
+    )
+    out, to = tmp_path / "out", tmp_path / "mo"
+    run = ("run", "--model", str(extracted["model"]), "--dataset", str(data), "--output", str(out))
+    eagle3d(*run, "--backend", "synthetic", "--shard", "0/41", "--socket", f"{out}.sock")
+    rep = eagle3d("export", "-o", str(out), "--to", str(to), "--format", "modelopt", "--json")
+    assert rep["exported"] == 100, rep
+    assert len({p.parent for p in to.rglob("*.pt")}) == 3
+    files = sorted(str(p) for p in to.rglob("*.pt"))  # as its main lists them
+    ds = OfflineSupervisedDataset(files, answer_only_loss=True)
+    assert len(ds) == 100
+    ids = sorted(int(Path(f).stem) for f in files)
+    assert ids == list(range(0, 4100, 41))
+    for k, f in enumerate(files):
+        assert ds[k]["input_ids"].tolist() == rows[int(Path(f).stem)]

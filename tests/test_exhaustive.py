@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CUTS = [
     (
         "daemon/eagle3d/run/pipeline.py",
-        "            case fx.Cancel(rid=rid):\n                self._work().producer.cancel(rid)\n",
+        "            case fx.Cancel(rid=rid):\n                self.pieces.cancel(rid)\n",
         '"Cancel',
     ),
     (

@@ -20,7 +20,8 @@ import pytest
 import torch
 from eagle3d.reader import HiddenStates, load_sample
 from eagle3d.store import catalog
-from eagle3d.tools import export
+from eagle3d.tools import export, exporters
+from eagle3proto import codec, paths
 from runkit import ENV, conversations, run, run_args, write_jsonl
 from safetensors.torch import load_file
 
@@ -39,8 +40,6 @@ def eagle3d_export(out: Path, to: Path, fmt: str, env: dict[str, str] | None = N
 
 def manifest(to: Path) -> list[export.Done]:
     data = (to / export.STATE / "done.e3x").read_bytes()
-    from eagle3proto import codec
-
     return [export._decode(p) for p in codec.scan(data).payloads]
 
 
@@ -88,10 +87,11 @@ def test_modelopt_export_is_one_pt_per_conversation_as_its_reader_loads_it(
     src = stored_outputs["fp8"]
     rc, rep = eagle3d_export(src, tmp_path / "mo", "modelopt")
     assert rc == 0 and rep["exported"] == 40, rep
-    files = sorted((tmp_path / "mo").glob("*.pt"))
+    files = sorted((tmp_path / "mo").rglob("*.pt"))  # as ModelOpt's main lists them
     assert len(files) == 40
     for item in HiddenStates(src):
-        d = torch.load(tmp_path / "mo" / f"{item['idx']:08d}.pt", weights_only=True)
+        rel = f"{paths.rows_dir(item['idx'])}/{item['idx']:08d}.pt"
+        d = torch.load(tmp_path / "mo" / rel, weights_only=True)
         assert d["conversation_id"] == f"{item['idx']:08d}"
         assert torch.equal(d["input_ids"], item["input_ids"])
         assert torch.equal(d["loss_mask"], item["loss_mask"])
@@ -299,3 +299,99 @@ def test_export_on_a_terminal_shows_one_live_line(stored_outputs: Any, tmp_path:
     assert text.endswith(live[-1] + "\r\n"), text[-300:]
     summary = [x for x in out.splitlines() if x.startswith("summary: ")]
     assert summary and "40 sample(s) exported in" in summary[0] and "40 copied" in summary[0]
+
+
+def _spread_output(model: Path, tmp_path: Path) -> Path:
+    """A synthetic job whose 100 samples lie in three row folders (ids 0, 41, ..., 4059:
+    shard 0 of 41 of a 4,100-row dataset), more than one folder's 2,000."""
+    import random
+
+    r = random.Random(5)
+    data = tmp_path / "d.jsonl"
+    with open(data, "w", encoding="utf-8") as f:
+        for _ in range(4100):
+            ids = [r.randrange(1, 900) for _ in range(16)]
+            f.write(json.dumps({"input_ids": ids, "loss_mask": [0] * 4 + [1] * 12}) + "\n")
+    out = tmp_path / "out"
+    argv = run_args(model, data, out, "--backend", "synthetic", "--shard", "0/41")
+    p = subprocess.run(argv, env=ENV, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return out
+
+
+def test_modelopt_export_beyond_a_folder_lands_in_row_folders_and_all_are_read(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    out = _spread_output(tiny_model_dir, tmp_path)
+    to = tmp_path / "mo"
+    rc, rep = eagle3d_export(out, to, "modelopt")
+    assert rc == 0 and rep["exported"] == 100, rep
+    assert sorted(p.name for p in to.iterdir() if not p.name.startswith(".")) == [
+        "rows_0-2000",
+        "rows_2000-4000",
+        "rows_4000-6000",
+    ]
+    files = sorted(str(p) for p in to.rglob("*.pt"))  # as ModelOpt's main lists them
+    assert len(files) == 100
+    got = {torch.load(f, weights_only=True)["conversation_id"] for f in files}
+    assert got == {f"{i:08d}" for i in range(0, 4100, 41)}
+
+
+def test_an_old_flat_modelopt_export_resumes_in_its_own_layout(
+    stored_outputs: Any, tmp_path: Path
+) -> None:
+    """An export begun flat (before row folders) keeps each exported file where it is."""
+    src, to = stored_outputs["fp8"], tmp_path / "mo"
+    rc, _ = eagle3d_export(src, to, "modelopt", {"EAGLE3D_FAULT": "kill:export_before_sync:2"})
+    assert rc == 137
+    first = manifest(to)
+    flat = [export.Done(**{**_fields(r), "name": r.name.split("/")[-1]}) for r in first]
+    for r, f in zip(first, flat, strict=True):
+        (to / r.name).rename(to / f.name)
+    state = to / export.STATE / "done.e3x"
+    state.write_bytes(b"".join(codec.encode_frame(export._encode(f)) for f in flat))
+    rc, rep = eagle3d_export(src, to, "modelopt")
+    assert rc == 0 and rep["already"] == len(flat) and rep["exported"] == 40 - len(flat), rep
+    assert len(list(to.rglob("*.pt"))) == 40  # no sample twice
+    assert {f.name for f in flat} <= {p.name for p in to.glob("*.pt")}
+
+
+def _fields(r: export.Done) -> dict[str, Any]:
+    import msgspec
+
+    return msgspec.structs.asdict(r)
+
+
+def test_speculators_index_is_written_in_batches_from_the_manifest(
+    stored_outputs: Any, tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows read back from ``done.e3x`` one at a time (the manifest keeps no ids in
+    memory), the index written 7 rows to a record batch: the same table as a whole."""
+    src, to = stored_outputs["bfloat16"], tmp_path / "spec"
+    monkeypatch.setattr(exporters, "INDEX_BATCH", 7)
+    rep = export.export(str(src), str(to), "speculators", str(tiny_model_dir))
+    assert rep.exit_code == 0 and rep.exported == 40, rep
+    with pa.memory_map(str(to / "data-00000-of-00001.arrow")) as f:
+        reader = pa.ipc.open_stream(f)
+        batches = list(reader)
+    assert [b.num_rows for b in batches] == [7] * 5 + [5]
+    table = pa.Table.from_batches(batches)
+    m = export.Manifest(str(to / export.STATE))
+    try:
+        assert all(not d.ids and not d.mask for d in m.done.values())  # not in memory
+        rows = list(m.rows())
+    finally:
+        m.close()
+    assert [r.k for r in rows] == list(range(40))
+    by_k = {r.k: r for r in manifest(to)}
+    freq: dict[int, int] = {}
+    for k, r in enumerate(rows):
+        assert (r.input_ids, r.loss_mask) == (by_k[k].ids, by_k[k].mask)
+        ids = torch.frombuffer(bytearray(r.input_ids), dtype=torch.int64).tolist()
+        mask = torch.frombuffer(bytearray(r.loss_mask), dtype=torch.int64).tolist()
+        assert table["input_ids"][k].as_py() == ids and table["seq_len"][k].as_py() == len(ids)
+        assert table["loss_mask"][k].as_py() == mask
+        for i, v in zip(ids, mask, strict=True):
+            if v:
+                freq[i] = freq.get(i, 0) + 1
+    assert torch.load(to / "token_freq.pt", weights_only=True) == freq

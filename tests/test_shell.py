@@ -1,5 +1,5 @@
 """The daemon's shell in-process: the real pipeline, ledger, journal, commit threads, dump
-watcher and synthetic producer, wired as the daemon wires them, in one event loop.
+watcher and synthetic producer, made as the daemon makes them, in one event loop.
 
 Two seams stand in for what is slow or clocked: the test hands rows to the real feeder from
 a thread (as its tokenizer would), and the 1 s tick is the message the ticker posts, with a
@@ -8,11 +8,17 @@ clock the test moves by hand. sd_notify goes to a real datagram socket the test 
 Each scenario is a list of steps (a small language, below) and what the journal and
 sd_notify must say at the end, the scenario style of ``test_ledger.py``:
 
-* ``announce`` (``run_started`` is journaled), ``up`` (the producer started, and is up),
-  ``feed A B ...``, ``end``, ``stop`` (SIGTERM), ``tick S`` (the clock moves S seconds, then
-  the tick), ``jfull`` (the recorder reports a full journal disk), ``lose`` (the output is
-  moved away, then the ticker's own tick), ``wait saved N`` / ``wait state S`` / ``wait
-  done``, ``slow`` (the producer holds every request: nothing is dumped).
+A scenario begins as the daemon's start does, with the pipeline of the start (its pieces
+not made yet: a signal then is the ledger's to judge); ``assemble`` makes the pieces and the
+running pipeline around the same ledger, and moves the inbox to it (as
+:func:`eagle3d.run.assemble.assemble` and the daemon do). The steps:
+
+* ``announce`` (``run_started`` is journaled), ``assemble``, ``up`` (the producer started,
+  and is up), ``feed A B ...``, ``end``, ``stop`` (SIGTERM), ``tick S`` (the clock moves S
+  seconds, then the tick), ``jfull`` (the recorder reports a full journal disk), ``jfail``
+  (a journal fault no pause cures), ``lose`` (the output is moved away, then the ticker's
+  own tick), ``wait saved N`` / ``wait state S`` / ``wait done``, ``slow`` (the producer
+  holds every request: nothing is dumped).
 
 The summary of the journal: the ``run_state`` states, ``stopped`` / ``finished``, ``saved
 N``; of sd_notify: its messages' first fields.
@@ -43,7 +49,8 @@ from eagle3d.remote import storedtype
 from eagle3d.run import diskguard
 from eagle3d.run.commits import Commits, commit_batch
 from eagle3d.run.inbox import DumpArrived, Inbox, InboxMsg, JournalFault, ProducerPort, Signalled
-from eagle3d.run.pipeline import Pipeline, Work
+from eagle3d.run.orphans import Orphans
+from eagle3d.run.pipeline import Outlets, Pipeline, Unmade, Work
 from eagle3d.run.reaper import Reaper
 from eagle3d.run.recorder import Recorder
 from eagle3d.run.ticker import Ticker
@@ -92,7 +99,8 @@ class Shell:
         self.pipeline.receive(msgs)
 
     def build(self, latency: float) -> None:
-        """Wire the pieces as :func:`eagle3d.run.assemble.assemble` does."""
+        """The journal, the ledger and the pipeline of the start around them, as the
+        daemon's replay leaves them (the producer made, not started)."""
         journal = JournalWriter(self.jdir, shard_index=0, shard_count=1, listener=self.inbox.put)
         journal.open()
         reserve = diskguard.Reserve(os.path.join(self.jdir, ".reserve"))
@@ -109,9 +117,9 @@ class Shell:
             session=1,
             bytes_per_token=100.0,
         )
-        self.pipeline = Pipeline(
-            ledger,
+        self.outlets = Outlets(
             recorder=rec,
+            orphans=Orphans(rec),
             notifier=Notifier(str(self.tmp / "notify")),
             publish=self.records.append,
             post=self.inbox.put,
@@ -120,6 +128,7 @@ class Shell:
             on_done=self._done,
             clock=self.clock,
         )
+        self.pipeline = Pipeline(ledger, self.outlets, Unmade())
         self.producer = SyntheticProducer(
             dump_dir=self.dump_dir,
             hidden_size=HIDDEN,
@@ -127,9 +136,11 @@ class Shell:
             threads=1,
             latency_s=latency,
         )
-        self._work(rec)
 
-    def _work(self, rec: Recorder) -> None:
+    def assemble(self) -> None:
+        """Make the pieces and the running pipeline around the same ledger, and move the
+        inbox to it, as :func:`eagle3d.run.assemble.assemble` and the daemon do."""
+        rec = self.recorder
         committer = Committer(self.output, store=storedtype.get("bfloat16"))
         reaper = Reaper(1 << 30)
 
@@ -157,7 +168,8 @@ class Shell:
         async def last_reading() -> None:
             await self.producer.refresh()
 
-        self.pipeline.equip(Work(self.producer, commits, self.feeder, last_reading))
+        work = Work(self.producer, commits, self.feeder, last_reading)
+        self.pipeline = Pipeline(self.pipeline.ledger, self.outlets, work)
 
     def _done(self, code: int) -> None:
         if self.code is None:
@@ -168,6 +180,8 @@ class Shell:
         p, now = self.pipeline, self.clock.now
         if op == "announce":
             p.handle(m.Announced(), now)
+        elif op == "assemble":
+            self.assemble()
         elif op == "up":
             await self.producer.start(ProducerPort(self.inbox))
             self.inbox.put(m.ProducerUp("synthetic", self.window))
@@ -184,6 +198,8 @@ class Shell:
             self.inbox.put(m.Tick(True))
         elif op == "jfull":
             self.inbox.put(JournalFault(errno.ENOSPC, "journal: No space left", pause=True))
+        elif op == "jfail":
+            self.inbox.put(JournalFault(errno.EBADF, "journal: closed", pause=False))
         elif op == "lose":
             os.rename(self.output, self.output + ".moved")
             assert not self._ticker().tick(self.clock.now, 1)  # the ticker's own check
@@ -200,10 +216,11 @@ class Shell:
             recorder=self.recorder,
             identity=self.identity,
             state=reducer.new_state(),
-            notifier=self.pipeline.notifier,
+            notifier=self.outlets.notifier,
             watchdog=WatchdogPolicy(),
             producer=self.producer,
-            pipeline=self.pipeline,
+            ledger=self.pipeline.ledger,
+            orphans=self.outlets.orphans,
             watcher=self.watcher,
             post=self.inbox.put,
         )
@@ -271,32 +288,38 @@ async def _play(tmp: Path, steps: list[str], n: int, latency: float) -> Shell:
 SCENARIOS: dict[str, tuple[dict[str, Any], list[str], str, str, int]] = {
     # name: (settings, steps, journal summary, sd_notify, exit status)
     "start to finish": ({"n": 4}, [
-        "announce", "feed 0 1", "up", "end 2 3", "wait done",
+        "announce", "assemble", "feed 0 1", "up", "end 2 3", "wait done",
     ], "running, finished 4/0 0, saved 4", "READY", 0),
     "a stop before run_started journals nothing": ({"n": 4}, [
-        "feed 0 1", "stop",
+        "stop",
     ], "", "STOPPING", 0),
+    "a stop after run_started, before the pieces are made: run_stopped": ({"n": 4}, [
+        "announce", "stop",
+    ], "stopped 0", "STOPPING", 0),
+    "a journal fault before the pieces are made: exit 1, judged by the ledger": ({"n": 4}, [
+        "announce", "jfail",
+    ], "", "", 1),
     "a stop while the producer starts: run_stopped": ({"n": 4}, [
-        "announce", "feed 0 1", "stop",
+        "announce", "assemble", "feed 0 1", "stop",
     ], "stopped 0", "STOPPING", 0),
     "a stop while running drains what is in flight": ({"n": 4, "latency": 1000.0}, [
-        "announce", "up", "feed 0 1 2", "wait state running", "tick 1", "stop",
+        "announce", "assemble", "up", "feed 0 1 2", "wait state running", "tick 1", "stop",
         "wait state draining", "stop",
     ], "running, draining, stopped 0", "READY, STOPPING", 0),
     "the drain's deadline abandons what is in flight": ({"n": 4, "latency": 1000.0}, [
-        "announce", "up", "feed 0 1", "wait state running", "tick 1", "stop",
+        "announce", "assemble", "up", "feed 0 1", "wait state running", "tick 1", "stop",
         "wait state draining", "tick 30", "tick 31",
     ], "running, draining, stopped 0", "READY, STOPPING", 0),
     "a full journal pauses the run; a probe resumes it; it finishes": ({"n": 3}, [
-        "announce", "up", "wait state running", "jfull", "wait state paused", "feed 0 1",
-        "tick 1", "tick 2", "wait state running", "end 2", "wait done",
+        "announce", "assemble", "up", "wait state running", "jfull", "wait state paused",
+        "feed 0 1", "tick 1", "tick 2", "wait state running", "end 2", "wait done",
     ], "running, paused, running, finished 3/0 0, saved 3", "READY, STATUS", 0),
     "a stop while paused": ({"n": 3}, [
-        "announce", "up", "wait state running", "jfull", "wait state paused", "feed 0",
-        "stop",
+        "announce", "assemble", "up", "wait state running", "jfull", "wait state paused",
+        "feed 0", "stop",
     ], "running, paused, draining, stopped 0", "READY, STATUS, STOPPING", 0),
     "the output lost: exit 4, nothing more journaled": ({"n": 3, "latency": 1000.0}, [
-        "announce", "up", "feed 0 1", "wait state running", "lose", "end 2",
+        "announce", "assemble", "up", "feed 0 1", "wait state running", "lose", "end 2",
     ], "running", "READY", 4),
 }
 # fmt: on

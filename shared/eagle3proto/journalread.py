@@ -13,11 +13,12 @@ from __future__ import annotations
 import operator
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Protocol
 
+import msgspec
+
 from . import events as ev
-from .codec import HEADER_SIZE, TORN, SegmentHeader, Stop, encode_frame, scan
+from .codec import FRAME_OVERHEAD, HEADER_SIZE, TORN, SegmentHeader, Stop, encode_frame, scan
 
 SEGMENT_SUFFIX = ".e3j"
 
@@ -25,8 +26,7 @@ _seq = operator.attrgetter("seq")
 _run = operator.attrgetter("run")
 
 
-@dataclass(frozen=True, slots=True)
-class Problem:
+class Problem(msgspec.Struct, frozen=True):
     """Why replay stopped before the end of the data (or what it had to step over)."""
 
     segment: str
@@ -55,17 +55,16 @@ class Start(Protocol):
     def end(self) -> int: ...
 
 
-@dataclass(slots=True)
-class Replay:
+class Replay(msgspec.Struct):
     """What :func:`replay` found."""
 
     run_id: str = ""
     next_seq: int = 0
     count: int = 0
-    segments: list[str] = field(default_factory=list)
-    problems: list[Problem] = field(default_factory=list)
+    segments: list[str] = []
+    problems: list[Problem] = []
     #: (segment path, offset of the end of its last good frame) for each segment read
-    good_ends: dict[str, int] = field(default_factory=dict)
+    good_ends: dict[str, int] = {}
 
     @property
     def stopped_early(self) -> bool:
@@ -100,11 +99,8 @@ def replay(
     With ``start`` (a checkpoint's position, :mod:`eagle3proto.checkpoint`), only what
     follows record ``start.seq`` is read: the segments before its own are not opened, and
     its own is read from ``start.end`` on. Read-only: it never modifies the journal. The
-    returned :class:`Replay` says where it stopped and why.
-
-    Long: every way a shard's segments can end (a bad header, another run's segment, a gap
-    in the sequence numbers, a bad frame, a torn tail) is judged in one loop over the
-    segments, so that the rules sit side by side.
+    returned :class:`Replay` says where it stopped and why. Each segment is read a
+    :data:`WINDOW` at a time: its memory does not grow with a segment's size or the job's.
     """
     out = Replay()
     segments = list_segments(directory)
@@ -113,59 +109,129 @@ def replay(
         segments = [s for s in segments if s >= first]
         out.run_id, out.next_seq = start.run, start.seq + 1
     for i, path in enumerate(segments):
-        last = i == len(segments) - 1
         out.segments.append(path)
         base = start.end if start is not None and i == 0 else HEADER_SIZE
-        head, data = _read_from(path, base)
+        problem = _replay_segment(out, path, base, sink, last=i == len(segments) - 1)
+        if problem is not None:
+            out.problems.append(problem)
+            if problem.fatal:
+                break
+    return out
+
+
+#: Bytes of a segment read and scanned at a time: a replay holds this much of the journal
+#: (and one record, if a record is larger), whatever the size of a segment (64 MiB) or of
+#: the job. 4 MiB: large enough that a window's overhead (one read, one carry) is noise.
+WINDOW = 4 << 20
+
+
+def _replay_segment(
+    out: Replay,
+    path: str,
+    base: int,
+    sink: Callable[[list[ev.AnyEvent]], None] | None,
+    last: bool,
+) -> Problem | None:
+    """Replay one segment from byte ``base`` on into ``out`` and ``sink``; the problem that
+    ended it, if any (a fatal one ends the replay)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        head = os.pread(fd, HEADER_SIZE, 0)
+        size = os.fstat(fd).st_size
+        data_size = max(0, size - base)
         try:
             header = SegmentHeader.unpack(head)
         except ValueError as e:
             # A header is written and synced before a segment is renamed into place, so a
             # bad one is damage, not a torn write.
-            out.problems.append(Problem(path, 0, "bad_header", str(e), len(head) + len(data), True))
-            break
+            return Problem(path, 0, "bad_header", str(e), len(head) + data_size, True)
         if not out.run_id:
             out.run_id = header.run_id
             out.next_seq = header.first_seq
-        size = base + len(data)
         if header.run_id != out.run_id:
-            out.problems.append(
-                Problem(path, 0, "foreign_run", f"segment of run {header.run_id}", size, True)
+            return Problem(
+                path, 0, "foreign_run", f"segment of run {header.run_id}", base + data_size, True
             )
-            break
         if base == HEADER_SIZE and header.first_seq != out.next_seq:
-            out.problems.append(
-                Problem(
-                    path,
-                    0,
-                    "seq_gap",
-                    f"segment starts at seq {header.first_seq}, expected {out.next_seq}",
-                    size,
-                    True,
-                )
-            )
-            break
-        result = scan(data)
-        end, stop_problem = _feed(out, path, result.payloads, base, size, sink)
-        if stop_problem is None:
-            end = base + result.end
-        out.good_ends[path] = end
-        if stop_problem is None and result.stop is not Stop.CLEAN:
-            dropped = size - end
-            if result.stop in TORN or (result.torn_sector and last):
-                # A torn tail is what a crash mid-append leaves; in an older segment it can
-                # only be unacknowledged bytes a crash left behind before the next start.
-                detail = "torn tail: " + result.stop.value
-                stop_problem = Problem(path, end, "torn", detail, dropped, False)
-            else:
-                detail = f"{result.stop.value} with {dropped} bytes after it"
-                stop_problem = Problem(path, end, "corrupt", detail, dropped, True)
-        del data, result  # before the next segment is read: one segment's bytes at a time
-        if stop_problem is not None:
-            out.problems.append(stop_problem)
-            if stop_problem.fatal:
-                break
-    return out
+            detail = f"segment starts at seq {header.first_seq}, expected {out.next_seq}"
+            return Problem(path, 0, "seq_gap", detail, base + data_size, True)
+        tail = _scan_windows(out, path, fd, base, max(size, base), sink)
+    finally:
+        os.close(fd)
+    if isinstance(tail, Problem):
+        out.good_ends[path] = tail.offset
+        return tail
+    end, stop, torn_sector, size = tail
+    out.good_ends[path] = end
+    if stop is Stop.CLEAN:
+        return None
+    dropped = size - end
+    if stop in TORN or (torn_sector and last):
+        # A torn tail is what a crash mid-append leaves; in an older segment it can only
+        # be unacknowledged bytes a crash left behind before the next start.
+        return Problem(path, end, "torn", "torn tail: " + stop.value, dropped, False)
+    detail = f"{stop.value} with {dropped} bytes after it"
+    return Problem(path, end, "corrupt", detail, dropped, True)
+
+
+def _read_window(fd: int, n: int, offset: int) -> bytes:
+    """``n`` bytes of a segment at ``offset`` (fewer at its end): every read of a replay
+    goes through here."""
+    return os.pread(fd, n, offset)
+
+
+def _scan_windows(
+    out: Replay,
+    path: str,
+    fd: int,
+    base: int,
+    size: int,
+    sink: Callable[[list[ev.AnyEvent]], None] | None,
+) -> Problem | tuple[int, Stop, bool, int]:
+    """Scan a segment's frames from ``base`` to ``size`` a :data:`WINDOW` at a time (a
+    frame cut by a window's end is carried into the next), feeding them to ``sink``; a
+    problem of the records (a seq gap, another run's frame), or (end of the last good
+    frame, why the scan stopped there, whether the bad frame holds a zeroed sector, the
+    segment's size as read). The stop is what a scan of the whole segment at once says."""
+    pos, buf = base, b""  # buf: the segment's bytes from pos on, not yet scanned whole
+    while True:
+        want = size - pos - len(buf)
+        if want > 0:
+            more = _read_window(fd, min(WINDOW, want), pos + len(buf))
+            if not more:  # shorter than fstat said: it was truncated meanwhile
+                size = pos + len(buf)
+            buf += more
+        eof = pos + len(buf) >= size
+        res = scan(buf)
+        _, problem = _feed(out, path, res.payloads, pos, size, sink)
+        if problem is not None:
+            return problem
+        stop = res.stop
+        rest = len(buf) - res.end
+        pos, buf = pos + res.end, buf[res.end :]
+        if stop is Stop.CLEAN and not eof:
+            continue
+        if eof or stop in (Stop.BAD_LENGTH, Stop.BAD_CRC):
+            return pos, stop, res.torn_sector, size
+        if stop is Stop.ZEROS and rest >= FRAME_OVERHEAD:
+            # A zero length here, whatever follows: a scan of the whole segment stops here
+            # too, and calls it a zeroed tail only if every byte after it is zero.
+            zeros = _all_zero(fd, pos + rest, size)
+            return pos, Stop.ZEROS if zeros else Stop.BAD_LENGTH, False, size
+        # SHORT, PAST_END, or fewer zero bytes than a frame header: the frame goes on in
+        # the next window.
+
+
+def _all_zero(fd: int, offset: int, size: int) -> bool:
+    """Whether bytes ``offset..size`` of a segment are all zero, read a window at a time."""
+    while offset < size:
+        chunk = _read_window(fd, min(WINDOW, size - offset), offset)
+        if not chunk:
+            return True
+        if any(chunk):
+            return False
+        offset += len(chunk)
+    return True
 
 
 #: Records decoded at a time: a 64 MiB segment's ~450k records decoded at once took ~500 MB.
@@ -204,24 +270,6 @@ def _feed(
         if problem is not None:
             return end, problem
     return 0, None
-
-
-def _read_from(path: str, offset: int) -> tuple[bytes, bytes]:
-    """A segment's header, and its bytes from ``offset`` on (one allocation of their size: a
-    buffered ``read()`` of a whole segment briefly held twice that)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        head = os.pread(fd, HEADER_SIZE, 0)
-        size = os.fstat(fd).st_size
-        data = os.pread(fd, max(0, size - offset), offset) if size > offset else b""
-        while len(data) < size - offset:  # a short read (a file still being appended)
-            more = os.pread(fd, size - offset - len(data), offset + len(data))
-            if not more:
-                break
-            data += more
-        return head, data
-    finally:
-        os.close(fd)
 
 
 def _check_sequence(batch: list[ev.AnyEvent], run_id: str, first: int) -> int:

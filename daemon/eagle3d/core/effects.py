@@ -1,7 +1,7 @@
 """What the ledger asks the shell to do: one small type per kind of effect.
 
 The ledger never acts; every answer it gives is a list of these, carried out in order by
-:meth:`eagle3d.run.pipeline.Pipeline.apply` (a ``match`` over :data:`Effect` that ends in
+:meth:`eagle3d.run.pipeline.Pipeline.carry_out` (a ``match`` over :data:`Effect` that ends in
 ``assert_never``: an effect nobody carries out fails ``mypy --strict``), which may feed the
 ledger again with what came of them (a record the journal refused, a probe's result).
 """

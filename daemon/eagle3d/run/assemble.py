@@ -1,7 +1,10 @@
-"""The pieces of a shard's pipeline, made and wired before the producer starts.
+"""The pieces of a shard's pipeline, and the running pipeline made with them, before the
+producer is up.
 
-None of them sends anything yet: the feeder starts reading when the daemon says so, and the
-ledger holds every message of the samples until the producer is up (:mod:`eagle3d.core.ledger`).
+None of them sends anything yet but the dump watcher (a dump that appears, to the running
+pipeline: the daemon moves its inbox there at once): the feeder starts reading when the
+daemon says so, and the ledger holds every message of the samples until the producer is up
+(:mod:`eagle3d.core.ledger`).
 """
 
 from __future__ import annotations
@@ -21,14 +24,14 @@ from eagle3d import config
 from eagle3d.core import outcome as oc
 from eagle3d.core.ledger import Ledger, Rules
 from eagle3d.core.resume import ResumeFold
-from eagle3d.core.sample import CommitJob
+from eagle3d.core.sample import PENDING, CommitJob
 from eagle3d.ingest.feeder import Feeder
 from eagle3d.produce.base import Producer
 from eagle3d.remote import storedtype
 from eagle3d.run import diskguard, job
 from eagle3d.run.commits import Commits, commit_batch
 from eagle3d.run.inbox import DumpArrived, Fed, FeedFailed, Inbox
-from eagle3d.run.pipeline import Pipeline, Work
+from eagle3d.run.pipeline import Outlets, Pipeline, Work
 from eagle3d.run.reaper import Reaper, limit_for
 from eagle3d.run.recorder import Recorder
 from eagle3d.run.ticker import Ticker
@@ -52,6 +55,15 @@ class Opened:
     run_id: str
     recorder: Recorder
     identity: diskguard.OutputIdentity
+
+
+@dataclass(frozen=True, slots=True)
+class Assembled:
+    """What :func:`assemble` made: the running pipeline, its pieces, and the tick around it."""
+
+    pipeline: Pipeline
+    work: Work
+    ticker: Ticker
 
 
 @dataclass(slots=True)
@@ -146,18 +158,19 @@ def assemble(
     opened: Opened,
     where: Where,
     producer: Producer,
-    pipeline: Pipeline,
+    ledger: Ledger,
+    outlets: Outlets,
     stack: contextlib.AsyncExitStack[bool | None],
     *,
     status: bytearray,
     inbox: Inbox,
     state: reducer.ShardState,
     watchdog: WatchdogPolicy,
-) -> Ticker:
+) -> Assembled:
     """Make the committer, the commit threads, the feeder, the dump watcher (started: it
-    removes what an earlier run left in the dump area) and the ticker around ``producer``
-    (made, and starting, already), and hand ``pipeline`` its :class:`Work`. Each piece's
-    close goes on ``stack`` as it is made: they close in the reverse order."""
+    removes what an earlier run left in the dump area), the running pipeline around
+    ``ledger`` with them, and the ticker around ``producer`` (made, and starting, already).
+    Each piece's close goes on ``stack`` as it is made: they close in the reverse order."""
     import torch
 
     from eagle3d.dumps.watcher import DumpWatcher
@@ -189,10 +202,11 @@ def assemble(
         recorder=rec,
         identity=opened.identity,
         state=state,
-        notifier=pipeline.notifier,
+        notifier=outlets.notifier,
         watchdog=watchdog,
         producer=producer,
-        pipeline=pipeline,
+        ledger=ledger,
+        orphans=outlets.orphans,
         watcher=watcher,
         post=inbox.put,
         pin=facts.pin,
@@ -202,16 +216,16 @@ def assemble(
         await asyncio.wait_for(producer.refresh(), 5.0)
         rec.append(ticker.stats("finished"))
 
-    pipeline.equip(Work(producer, commits, feeder, last_reading, facts.pin))
+    work = Work(producer, commits, feeder, last_reading, facts.pin)
     for path in watcher.scan() + watcher.stale_temp_files():
-        pipeline.orphan(path, "left by an earlier run")
+        outlets.orphans.remove(path, "left by an earlier run")
     log.info(
         "committing to %s with %d threads (%s)",
         where.output,
         threads,
         "as set" if cfg.commit_threads else "one per CPU, 2 to 8: each waits on its syncs",
     )
-    return ticker
+    return Assembled(Pipeline(ledger, outlets, work), work, ticker)
 
 
 def _committer(cfg: config.JobConfig, opened: Opened, where: Where) -> Committer:
@@ -252,4 +266,15 @@ def _feeder(
         capacity=FEED_AHEAD,
         pin=facts.pin,
         max_line=cfg.max_line_bytes,
+        skip_to=_first_pending(facts, shard, status),
     )
+
+
+def _first_pending(facts: job.JobFacts, shard: Shard, status: bytearray) -> tuple[int, int] | None:
+    """(row id, byte offset) of the shard's first pending row, where the dataset's offsets are
+    known: a resumed feeder reads from there, not through every row already saved."""
+    k = status[shard.index :: shard.count].find(PENDING)
+    if facts.starts is None or k < 0:
+        return None
+    row = shard.index + k * shard.count
+    return row, int(facts.starts[row])

@@ -23,9 +23,13 @@ Every outside event reaches the loop thread through one :class:`~eagle3d.run.inb
 signals included (SIGTERM and SIGINT stop, SIGHUP probes a paused area now), and goes to the
 one dispatcher (:meth:`eagle3d.run.pipeline.Pipeline.dispatch`) from the journal's replay
 on; the :class:`~eagle3d.core.ledger.Ledger` decides what each means at every stage (a
-signal before the producer is up, its reports before ``run_started``, the end). The daemon
-only opens what the run needs, in order, each on one :class:`contextlib.AsyncExitStack`:
-what is closed at the end is closed in the reverse order.
+signal before the producer is up, its reports before ``run_started``, the end). The inbox's
+messages go to the pipeline made at the replay, with no pieces yet
+(:class:`~eagle3d.run.pipeline.Unmade`), then, from the step that makes the pieces on, to the
+running pipeline :func:`~eagle3d.run.assemble.assemble` makes around the same ledger: each
+object is made with what it needs, and the daemon only moves its inbox from one to the next.
+The daemon opens what the run needs, in order, each on one
+:class:`contextlib.AsyncExitStack`: what is closed at the end is closed in the reverse order.
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ from eagle3d.remote.threadnames import name_threads
 from eagle3d.run import capture, checkpoints, diskguard, job, layout, preflight, spacecheck
 from eagle3d.run import recorder as recording
 from eagle3d.run.assemble import (
+    Assembled,
     Opened,
     Where,
     assemble,
@@ -69,10 +74,10 @@ from eagle3d.run.assemble import (
 )
 from eagle3d.run.checkpoints import Checkpoints
 from eagle3d.run.inbox import Inbox, InboxMsg, ProducerPort, Signalled
-from eagle3d.run.pipeline import Pipeline
+from eagle3d.run.orphans import Orphans
+from eagle3d.run.pipeline import Outlets, Pipeline, Unmade
 from eagle3d.run.recorder import Recorder
 from eagle3d.run.stages import StartStages, StartStopped
-from eagle3d.run.ticker import Ticker
 from eagle3d.serve.notify import Notifier, WatchdogPolicy
 
 if TYPE_CHECKING:
@@ -100,7 +105,9 @@ class Daemon:
         self.inbox = Inbox(self._receive)
         self.finished = asyncio.Event()
         self.exit_code = EXIT_INTERNAL
-        self.pipeline: Pipeline | None = None  # from the journal's replay on
+        # From the journal's replay on: the one the inbox's messages go to (the start's,
+        # then the running one).
+        self.pipeline: Pipeline | None = None
         self.server: EventServer | None = None
         self.beacon: StartBeacon | None = None
         self.notifier = Notifier.from_env()
@@ -198,7 +205,7 @@ class Daemon:
         await asyncio.sleep(0)  # what waited in the inbox (a signal in the replay) is judged
         if self.finished.is_set():
             return self.exit_code
-        where = Where(self.shard, self.output, self.jdir, p.dump_dir)
+        where = Where(self.shard, self.output, self.jdir, p.outlets.dump_dir)
         self.stages.begin(f"launching the producer ({self.cfg.backend})")
         producer = await self._launch(stack, opened, where)
         if not (self.cfg.no_space_check or self.fresh):  # a resumed job: what its journal left
@@ -214,21 +221,25 @@ class Daemon:
             await self.beacon.close()
         if self.finished.is_set():
             return self.exit_code
-        ticker = assemble(
+        running = assemble(
             self.cfg,
             opened,
             where,
             producer.producer,
-            p,
+            p.ledger,
+            p.outlets,
             stack,
             status=self.status,
             inbox=self.inbox,
             state=self.state,
             watchdog=self.watchdog,
         )
+        # In the same step, no await between: the inbox drains on the loop, so whatever the
+        # pieces just made put is handled by the pipeline that drives them.
+        self.pipeline = running.pipeline
         stack.push_async_callback(producer.stop)  # before the pieces: workers finish theirs
-        stack.callback(ticker.close)  # the progress line's last word, first
-        return await self._start_and_run(stack, p, ticker, producer)
+        stack.callback(running.ticker.close)  # the progress line's last word, first
+        return await self._start_and_run(stack, running, producer)
 
     def _journal(self, ckpts: Checkpoints) -> JournalWriter:
         """The shard's journal writer: records stamped with the wall clock and, from the
@@ -325,16 +336,23 @@ class Daemon:
     def _check_row_folders(self, identity: diskguard.OutputIdentity) -> None:
         """The job's row folders are real folders, and those holding samples the journal
         says are saved exist (exit 4 naming the first that is not); they are remembered."""
-        ids = range(self.shard.index, len(self.status), self.shard.count)
-        names = [paths.rows_dir(g) for g in range(0, len(self.status), paths.GROUP_SIZE)]
-        saved = {paths.rows_dir(i) for i in ids if self.status[i] == SAVED}
+        status, shard, size = self.status, self.shard, paths.GROUP_SIZE
+        groups = range(0, len(status), size)
+        names = [paths.rows_dir(g) for g in groups]
+        # A group's own rows' statuses, each searched at memory speed (no step a row).
+        saved = {
+            paths.rows_dir(g)
+            for g in groups
+            if SAVED in status[g + (shard.index - g) % shard.count : g + size : shard.count]
+        }
         problem = identity.rows.adopt(names, saved)
         if problem:
             raise Fatal(EXIT_OUTPUT, problem)
 
     def _begin(self, opened: Opened) -> Pipeline:
-        """The ledger from the journal's replay, the pipeline around it, and the inbox open
-        to it: from here on the ledger judges every message."""
+        """The ledger from the journal's replay, the pipeline of the start around it (no
+        pieces yet: :class:`~eagle3d.run.pipeline.Unmade`), and the inbox open to it: from
+        here on the ledger judges every message (a signal during the start, too)."""
         cfg = self.cfg
         dump_dir = cfg.dump_dir or own_dump_dir(opened.run_id, self.shard)
         where = Where(self.shard, self.output, self.jdir, dump_dir)
@@ -342,9 +360,9 @@ class Daemon:
         ledger = make_ledger(
             cfg, opened.facts, opened.run_id, where, self.status, session, self.drain_timeout
         )
-        p = self.pipeline = Pipeline(
-            ledger,
+        outlets = Outlets(
             recorder=opened.recorder,
+            orphans=Orphans(opened.recorder),
             notifier=self.notifier,
             publish=self._published,
             post=self.inbox.put,
@@ -352,6 +370,7 @@ class Daemon:
             dump_dir=dump_dir,
             on_done=self._set_done,
         )
+        p = self.pipeline = Pipeline(ledger, outlets, Unmade())
         self.inbox.open(asyncio.get_running_loop())
         p.handle(m.Replayed(opened.resume.finished_last), time.monotonic())
         return p
@@ -435,16 +454,13 @@ class Daemon:
             inherited=facts.inherited,
         )
 
-    async def _start_and_run(
-        self, stack: Stack, p: Pipeline, ticker: Ticker, start: ProducerStart
-    ) -> int:
+    async def _start_and_run(self, stack: Stack, running: Assembled, start: ProducerStart) -> int:
         """The feeder reads while the producer starts; once it is up (or failed, or a signal
         came first) the ledger knows, and the run goes on until it says it is done."""
-        cfg = self.cfg
-        assert p.work is not None  # assemble equipped it
-        p.work.feeder.start()
+        cfg, ticker = self.cfg, running.ticker
+        running.work.feeder.start()
         phase, what = starting_words(cfg)
-        p.handle(m.ProducerStarting(cfg.backend, phase, what), time.monotonic())
+        running.pipeline.handle(m.ProducerStarting(cfg.backend, phase, what), time.monotonic())
         beat = asyncio.create_task(ticker.while_starting(phase))
         stop = asyncio.create_task(self.finished.wait())
         await asyncio.wait({start.task(), stop}, return_when=asyncio.FIRST_COMPLETED)

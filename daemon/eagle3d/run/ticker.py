@@ -21,12 +21,13 @@ from eagle3proto import events as ev
 from eagle3proto import locks, reducer, views
 
 from eagle3d.core import messages as m
+from eagle3d.core.ledger import Ledger
 from eagle3d.ingest.pin import Pin
 from eagle3d.produce.base import Producer
 from eagle3d.remote.threadnames import name_threads
 from eagle3d.run import diskguard
 from eagle3d.run.inbox import DumpArrived, InboxMsg
-from eagle3d.run.pipeline import Pipeline
+from eagle3d.run.orphans import Orphans
 from eagle3d.run.recorder import Recorder
 from eagle3d.serve.notify import Notifier, WatchdogPolicy
 
@@ -41,8 +42,9 @@ SCAN_EVERY = 5  # ticks between two scans of the dump area
 
 
 class Ticker:
-    """The daemon's clock-driven work around ``pipeline``: what needs the ledger's
-    judgement goes to the inbox (``post``) as a message, like every other event."""
+    """The daemon's clock-driven work beside the running pipeline: what needs the ledger's
+    judgement goes to the inbox (``post``) as a message, like every other event; the
+    ``ledger`` and the ``orphans`` count are only read (the stats record, STATUS)."""
 
     def __init__(
         self,
@@ -55,7 +57,8 @@ class Ticker:
         notifier: Notifier,
         watchdog: WatchdogPolicy,
         producer: Producer,
-        pipeline: Pipeline,
+        ledger: Ledger,
+        orphans: Orphans,
         watcher: DumpWatcher,
         post: Callable[[InboxMsg], None],
         pin: Pin | None = None,
@@ -68,7 +71,8 @@ class Ticker:
         self.notifier = notifier
         self.watchdog = watchdog
         self.producer = producer
-        self.pipeline = pipeline
+        self.ledger = ledger
+        self.orphans = orphans
         self.watcher = watcher
         self.post = post
         self.pin = pin  # the dataset as pinned at the start, or None
@@ -87,11 +91,10 @@ class Ticker:
 
         if self._telemetry is None:
             self._telemetry = Telemetry(self.output, self.dump_dir)
-        p = self.pipeline
         stats = self._telemetry.sample(
             producer_health=self.producer.health(),
-            inflight=len(p.ledger.inflight),
-            orphans=p.orphans.count,
+            inflight=len(self.ledger.inflight),
+            orphans=self.orphans.count,
             producer_rss=producer_rss,
         )
         stats.state = phase
@@ -132,7 +135,7 @@ class Ticker:
                 )
             for path in self.watcher.scan():
                 self.post(DumpArrived(path))  # the safety net for a lost inotify event
-        self.recorder.append(self.stats(self.pipeline.ledger.phase))
+        self.recorder.append(self.stats(self.ledger.phase))
         self.heartbeat(now)
         name_threads()  # the commit pool starts its threads as work comes
         self.show()
@@ -142,7 +145,7 @@ class Ticker:
         """sd_notify's STATUS line, and a watchdog ping while the pipeline is alive."""
         from eagle3d.serve.notify import format_status
 
-        led = self.pipeline.ledger
+        led = self.ledger
         view = views.view(self.state, self.now())
         phase = None if led.phase == "running" else led.phase
         self.notifier.status(format_status(view, phase))

@@ -38,9 +38,10 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from array import array
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import IO, Any
 
 import msgspec
 from eagle3proto import codec
@@ -159,37 +160,102 @@ def _size(n: int) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
 
 
+#: Bytes of ``done.e3x`` read at a time: with speculators' ids and masks (16 bytes a token)
+#: it grows to gigabytes at a million samples, and is never read whole.
+WINDOW = 4 << 20
+
+
 class Manifest:
-    """``done.e3x``: the exported samples, latest record per sample wins."""
+    """``done.e3x``: the exported samples, latest record per sample wins. In memory: each
+    sample's record without its ids and mask, and where each row's latest record lies in
+    the file (:meth:`rows` reads them back from there, one at a time)."""
 
     def __init__(self, state_dir: str) -> None:
         self.path = os.path.join(state_dir, "done.e3x")
         self.done: dict[int, Done] = {}
-        data = b""
-        with contextlib.suppress(FileNotFoundError), open(self.path, "rb") as f:
-            data = f.read()
-        scan = codec.scan(data)
-        for payload in scan.payloads:
-            rec = _decode(payload)
-            self.done[rec.idx] = rec
+        self.at = array("q")  # row k -> offset of its latest record's frame (-1: none)
+        end = 0
+        with contextlib.suppress(FileNotFoundError), open(self.path, "rb", buffering=0) as f:
+            end = self._load(f)
         self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        if scan.end != len(data):  # a torn or damaged tail: cut it, it recorded nothing
-            os.ftruncate(self.fd, scan.end)
+        if end != os.fstat(self.fd).st_size:  # a torn or damaged tail: cut it, it recorded nothing
+            os.ftruncate(self.fd, end)
             os.fsync(self.fd)
-        os.lseek(self.fd, scan.end, os.SEEK_SET)
+        self.end = os.lseek(self.fd, end, os.SEEK_SET)
+
+    def _load(self, f: Any) -> int:
+        """Read the records a :data:`WINDOW` at a time; the end of the last valid one."""
+        pos, buf = 0, b""
+        while True:
+            more = f.read(WINDOW)
+            buf += more
+            scan = codec.scan(buf)
+            at = pos
+            for payload in scan.payloads:
+                self._keep(_decode(payload), at)
+                at += len(payload) + codec.FRAME_OVERHEAD
+            pos, buf = pos + scan.end, buf[scan.end :]
+            if not more or scan.stop not in (
+                codec.Stop.CLEAN,
+                codec.Stop.SHORT,
+                codec.Stop.PAST_END,
+            ):
+                return pos
+
+    def _keep(self, rec: Done, offset: int) -> None:
+        if rec.ids or rec.mask:
+            rec = msgspec.structs.replace(rec, ids=b"", mask=b"")
+        self.done[rec.idx] = rec
+        if rec.k >= len(self.at):
+            self.at.extend([-1] * (rec.k + 1 - len(self.at)))
+        self.at[rec.k] = offset
 
     def append(self, records: list[Done]) -> None:
-        data = b"".join(codec.encode_frame(_encode(r)) for r in records)
+        frames = [codec.encode_frame(_encode(r)) for r in records]
+        data = b"".join(frames)
         view = memoryview(data)
         while view:
             view = view[os.write(self.fd, view) :]
         faults.kill_point("export_before_sync")
         os.fdatasync(self.fd)
-        for r in records:
-            self.done[r.idx] = r
+        for r, frame in zip(records, frames, strict=True):
+            self._keep(r, self.end)
+            self.end += len(frame)
+
+    def rows(self) -> Iterator[exporters.Row]:
+        """Every row's ids and mask in row order, read back from the file one record at a
+        time (rows ``0..n-1``; a missing one raises ValueError)."""
+        with open(self.path, "rb") as f:
+            for k, offset in enumerate(self.at):
+                if offset < 0:
+                    raise ValueError(f"the manifest has no row {k}")
+                f.seek(offset)
+                head = f.read(codec.FRAME_OVERHEAD)
+                n = int.from_bytes(head[4:8], "little")
+                rec = _decode(f.read(n))
+                yield exporters.Row(k, rec.ids, rec.mask)
 
     def close(self) -> None:
         os.close(self.fd)
+
+
+class _IndexFiles:
+    """A format's index files, each written under a temp name, synced, renamed into place
+    and its directory synced when closed (:class:`exporters.IndexFiles`)."""
+
+    def __init__(self, dest: str) -> None:
+        self.dest = dest
+
+    @contextlib.contextmanager
+    def open(self, name: str) -> Iterator[IO[bytes]]:
+        path = os.path.join(self.dest, name)
+        tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp")
+        with open(tmp, "wb") as f:
+            yield f
+            f.flush()
+            os.fdatasync(f.fileno())
+        os.rename(tmp, path)
+        _FS.fsync_dir(os.path.dirname(path))
 
 
 def export(
@@ -311,7 +377,8 @@ def _run(
             k = old.k if old is not None else next_k
             if old is None:
                 next_k += 1
-            name = exp.target(e.idx, k)
+            # Where it went before, if it did: an export keeps the layout it began with.
+            name = old.name if old is not None else exp.target(e.idx, k)
             final = os.path.join(dest, name)
             os.makedirs(os.path.dirname(final), exist_ok=True)
             tmp = os.path.join(os.path.dirname(final), f".{os.path.basename(final)}.tmp")
@@ -335,9 +402,7 @@ def _run(
             manifest.append([rec for *_, rec in staged])
             report.exported += len(staged)
             report.bytes_written += sum(rec.size for *_, rec in staged)
-    rows = [exporters.Row(d.k, d.ids, d.mask) for d in manifest.done.values()]
-    for name, data in exp.finish(dest, rows):
-        _write_atomic(os.path.join(dest, name), data)
+    exp.finish(_IndexFiles(dest), manifest.rows())
     report.seconds = time.monotonic() - t0
     if progress is not None:
         progress(report, len(todo), report.seconds)

@@ -22,10 +22,14 @@ and the manifest. Formats, as read in each project's source:
   store: the export writes ``y / w`` instead (``y`` the stored post-norm state, ``w`` the
   norm's weight, read from the target model), which an RMSNorm with weight ``w`` maps back
   to ``y`` (RMSNorm does not see its input's scale) up to its epsilon. Rows are numbered in
-  export order, so an export that resumes or grows keeps every row where it was.
+  export order, so an export that resumes or grows keeps every row where it was. The
+  ``hidden_states`` folder stays flat: ``FileTransfer`` opens ``hidden_states_path /
+  f"hs_{k}.safetensors"`` and nothing else.
 * ``modelopt`` (NVIDIA Model-Optimizer, ``torch/speculative/eagle/utils.py``
   ``OfflineSupervisedDataset`` and ``collect_hidden_states/compute_hidden_states_hf.py``):
-  ``<idx, 8 digits>.pt`` in one flat directory, a ``torch.save`` dict of ``input_ids [T]``,
+  ``rows_<g>-<g+2000>/<idx, 8 digits>.pt`` (its example's ``main.py`` lists
+  ``offline_data_path.rglob("*.pt")``: subfolders are read, and keep a folder at 2,000
+  entries however large the job), a ``torch.save`` dict of ``input_ids [T]``,
   ``hidden_states [T, H]`` (post-norm, which its reader assumes unless the file says
   ``hidden_states_prenorm``), ``aux_hidden_states [T, 3H]``, ``loss_mask [T]`` (read with
   ``answer_only_loss``) and ``conversation_id`` (the same 8 digits).
@@ -35,9 +39,10 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import IO, TYPE_CHECKING, Any, cast
+from typing import IO, TYPE_CHECKING, Any, Protocol, cast
 
 from eagle3proto import paths
 
@@ -58,10 +63,19 @@ class Row:
     loss_mask: bytes  # int64, little endian
 
 
+class IndexFiles(Protocol):
+    """Where a format's index files go: ``with open(name) as f`` gives a file to write
+    that appears under ``name`` (relative to the export directory) whole and synced when
+    the block ends."""
+
+    def open(self, name: str) -> AbstractContextManager[IO[bytes]]: ...
+
+
 class Exporter:
     """One format. ``target`` names a sample's file (relative to the export directory);
     ``write`` writes it to ``fd`` and returns (bytes, checksum); ``finish`` writes the
-    format's files beside the samples (an index), given every exported row."""
+    format's files beside the samples (an index), given every exported row in row order,
+    streamed (a row at a time: a million rows' ids are never held at once)."""
 
     name = ""
     #: Whether ``finish`` needs each sample's ids and mask (kept in the manifest).
@@ -78,9 +92,8 @@ class Exporter:
     def write(self, fd: int, sample: dict[str, torch.Tensor], idx: int) -> tuple[int, str]:
         raise NotImplementedError
 
-    def finish(self, directory: str, rows: list[Row]) -> list[tuple[str, bytes]]:
-        """The format's index files as (relative name, content); none by default."""
-        return []
+    def finish(self, files: IndexFiles, rows: Iterable[Row]) -> None:
+        """Write the format's index files into ``files``; none by default."""
 
 
 class SpecForge(Exporter):
@@ -130,7 +143,7 @@ class ModelOpt(Exporter):
     name = "modelopt"
 
     def target(self, idx: int, k: int) -> str:
-        return f"{idx:08d}.pt"
+        return f"{paths.rows_dir(idx)}/{idx:08d}.pt"
 
     def write(self, fd: int, sample: dict[str, torch.Tensor], idx: int) -> tuple[int, str]:
         import torch
@@ -189,39 +202,33 @@ class Speculators(Exporter):
         writev_all(fd, parts)
         return size, f"crc32:{crc:08x}"
 
-    def finish(self, directory: str, rows: list[Row]) -> list[tuple[str, bytes]]:
-        return speculators_index(rows)
+    def finish(self, files: IndexFiles, rows: Iterable[Row]) -> None:
+        speculators_index(files, rows)
 
 
-def speculators_index(rows: Iterable[Row]) -> list[tuple[str, bytes]]:
-    """The ``datasets`` directory files (``save_to_disk`` layout) and ``token_freq.pt`` for
-    the exported rows, in row order."""
+#: Rows, and tokens, per Arrow record batch of the speculators index at most: what is held
+#: of it at once (1M tokens: 16 MB of ids and masks, whatever the rows' lengths).
+INDEX_BATCH = 4096
+INDEX_BATCH_TOKENS = 1 << 20
+
+_FEATURES = {
+    "input_ids": {"feature": {"dtype": "int64", "_type": "Value"}, "_type": "List"},
+    "loss_mask": {"feature": {"dtype": "int64", "_type": "Value"}, "_type": "List"},
+    "seq_len": {"dtype": "int64", "_type": "Value"},
+}
+
+
+def speculators_index(files: IndexFiles, rows: Iterable[Row]) -> None:
+    """The ``datasets`` directory files (``save_to_disk`` layout: one Arrow stream of
+    record batches, as ``datasets`` itself writes them) and ``token_freq.pt`` for the
+    exported rows, given in row order ``0..n-1``; written a batch of rows at a time."""
     import io
-    from array import array
     from collections import Counter
 
     import pyarrow as pa
     import torch
 
-    ordered = sorted(rows, key=lambda r: r.k)
-    if [r.k for r in ordered] != list(range(len(ordered))):
-        raise ValueError("speculators rows are not numbered 0..n-1")
-    ids_col, mask_col, lens = [], [], []
-    freq: Counter[int] = Counter()
-    for r in ordered:
-        ids, mask = array("q"), array("q")
-        ids.frombytes(r.input_ids)
-        mask.frombytes(r.loss_mask)
-        ids_col.append(ids.tolist())
-        mask_col.append(mask.tolist())
-        lens.append(len(ids))
-        freq.update(i for i, m in zip(ids, mask, strict=True) if m)
-    features = {
-        "input_ids": {"feature": {"dtype": "int64", "_type": "Value"}, "_type": "List"},
-        "loss_mask": {"feature": {"dtype": "int64", "_type": "Value"}, "_type": "List"},
-        "seq_len": {"dtype": "int64", "_type": "Value"},
-    }
-    meta = {b"huggingface": json.dumps({"info": {"features": features}}).encode()}
+    meta = {b"huggingface": json.dumps({"info": {"features": _FEATURES}}).encode()}
     schema = pa.schema(
         [
             ("input_ids", pa.list_(pa.int64())),
@@ -230,29 +237,115 @@ def speculators_index(rows: Iterable[Row]) -> list[tuple[str, bytes]]:
         ],
         metadata=meta,
     )
-    table = pa.table([ids_col, mask_col, lens], schema=schema)
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, schema) as w:
-        w.write_table(table)
-    arrow = sink.getvalue().to_pybytes()
+    freq: Counter[int] = Counter()
+    n = 0
+    with files.open("data-00000-of-00001.arrow") as f:
+        sink = _Crc(f)
+        with pa.ipc.new_stream(pa.PythonFile(sink, mode="w"), schema) as w:
+            for batch in _batches(rows):
+                w.write_batch(_record_batch(batch, schema, freq))
+                n += len(batch)
     state: dict[str, Any] = {
         "_data_files": [{"filename": "data-00000-of-00001.arrow"}],
-        "_fingerprint": f"{crc32(arrow, 0):08x}{len(ordered):08x}",
+        "_fingerprint": f"{sink.crc:08x}{n:08x}",
         "_format_columns": None,
         "_format_kwargs": {},
         "_format_type": "torch",
         "_output_all_columns": False,
         "_split": None,
     }
-    info = {"citation": "", "description": "", "features": features, "homepage": "", "license": ""}
+    info = {
+        "citation": "",
+        "description": "",
+        "features": _FEATURES,
+        "homepage": "",
+        "license": "",
+    }
     buf = io.BytesIO()
     torch.save(dict(freq), buf)
-    return [
-        ("data-00000-of-00001.arrow", arrow),
+    for name, data in (
         ("dataset_info.json", json.dumps(info, indent=2).encode()),
         ("state.json", json.dumps(state, indent=2).encode()),
         ("token_freq.pt", buf.getvalue()),
-    ]
+    ):
+        with files.open(name) as f:
+            f.write(data)
+
+
+def _batches(rows: Iterable[Row]) -> Iterator[list[Row]]:
+    """``rows`` in lists of :data:`INDEX_BATCH` rows or :data:`INDEX_BATCH_TOKENS` tokens,
+    checked to be numbered ``0..n-1``."""
+    batch: list[Row] = []
+    tokens = 0
+    for want, r in enumerate(rows):
+        if r.k != want:
+            raise ValueError(f"speculators rows are not numbered 0..n-1 (row {r.k} at {want})")
+        batch.append(r)
+        tokens += len(r.input_ids) // 8
+        if len(batch) == INDEX_BATCH or tokens >= INDEX_BATCH_TOKENS:
+            yield batch
+            batch, tokens = [], 0
+    if batch:
+        yield batch
+
+
+def _record_batch(rows: list[Row], schema: Any, freq: Any) -> Any:
+    """One Arrow record batch of the index from ``rows`` (their int64 bytes as they are, no
+    Python int per token), and their loss tokens counted into ``freq``."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    lens = [len(r.input_ids) // 8 for r in rows]
+    if any(len(r.loss_mask) != len(r.input_ids) for r in rows):
+        raise ValueError("a speculators row's loss mask is not as long as its ids")
+    offsets = pa.array([0, *_cumsum(lens)], pa.int32())
+    ids = _int64s(b"".join(r.input_ids for r in rows), sum(lens))
+    mask = _int64s(b"".join(r.loss_mask for r in rows), sum(lens))
+    counted = pc.value_counts(pc.filter(ids, pc.not_equal(mask, 0)))
+    for v in counted.to_pylist():
+        freq[v["values"]] += v["counts"]
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.ListArray.from_arrays(offsets, ids),
+            pa.ListArray.from_arrays(offsets, mask),
+            pa.array(lens, pa.int64()),
+        ],
+        schema=schema,
+    )
+
+
+def _cumsum(xs: list[int]) -> list[int]:
+    out, t = [], 0
+    for x in xs:
+        t += x
+        out.append(t)
+    return out
+
+
+def _int64s(data: bytes, n: int) -> Any:
+    import pyarrow as pa
+
+    return pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(data)])
+
+
+class _Crc:
+    """A file that CRCs what is written through it (the index's fingerprint)."""
+
+    def __init__(self, f: IO[bytes]) -> None:
+        self.f = f
+        self.crc = 0
+        self.closed = False
+
+    def write(self, data: Any) -> int:
+        mv = memoryview(data).cast("B")
+        self.crc = crc32(mv, self.crc)
+        return self.f.write(mv)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+    def close(self) -> None:
+        self.closed = True  # the caller closes the file itself
 
 
 #: Norm weights of the final norm, by where models keep them.
