@@ -17,12 +17,14 @@ SIGKILL at ``--kills`` random points and started again until it finishes. Then:
   (``xargs cat > /dev/null`` over the journal's list of paths, no tree walk) just before;
 * ``eagle3d export --format specforge``, then ``speculators``, of the job's own output, each
   stopped with SIGINT after ``--export-seconds`` (180) unless it ends first (an export resumes
-  after any stop): samples/s over the span from its first sample (the export's own progress
-  line: the steady per-sample rate; a 1M job in specforge takes ~25 min, in speculators hours,
-  so at 1M both are prefixes and the table says so), seconds to the first sample (the
-  journals' two passes, which grow with N), and peak RSS at the end or the stop (by then the
-  whole job's catalog is in memory: the part that grows with N; the rows of a prefix's
-  speculators index are not written, they are read back one at a time when it ends);
+  after any stop), so the two take under ~7 min at any N: samples/s over the span from its
+  first sample (the export's own progress line: the steady per-sample rate), the wait before
+  the first sample per job sample (the journals' two passes, O(N)), and peak RSS at the end
+  or the stop (by then the whole job's catalog is in memory: the part that grows with N).
+  Each row says "whole" (the export ended by itself, index files written) or "prefix a/b"
+  (samples exported at the baseline / at N before the stop). On a quiet machine specforge
+  (hard links, ~8k samples/s) is whole even at 1M; speculators (a copy in another layout,
+  ~700 samples/s) is a prefix from ~100k on;
 * the journal's and the checkpoint's bytes.
 
 The result is each figure's ratio to the baseline's (per sample where the figure grows with N
@@ -216,9 +218,12 @@ def sample_paths(out: Path) -> Path:
 
 def verify_vs_cat(out: Path) -> dict[str, float]:
     lst = sample_paths(out)
-    t0 = time.perf_counter()
-    subprocess.run(f"xargs -0 -n 2000 cat < {lst} > /dev/null", shell=True, check=True)
-    cat_s = time.perf_counter() - t0
+    # Twice: the first read brings the files into the page cache, the second is timed, so
+    # that cat and verify (after it) both read warm files (neither measures the disk).
+    for _ in range(2):
+        t0 = time.perf_counter()
+        subprocess.run(f"xargs -0 -n 2000 cat < {lst} > /dev/null", shell=True, check=True)
+        cat_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     proc = subprocess.Popen(
         [PY, "-m", "eagle3d", "verify", "-o", str(out), "--json"], stdout=subprocess.PIPE, env=ENV
@@ -358,8 +363,9 @@ def measure_output(
     res["tui"] = tui(out, args.tui_seconds)
     print("  verify", flush=True)
     res["verify"] = verify_vs_cat(out)
-    print("  export", flush=True)
-    res["export"] = export(out, args.export_seconds)
+    if "export" not in args.skip:
+        print("  export", flush=True)
+        res["export"] = export(out, args.export_seconds)
     print(json.dumps(res, indent=1), flush=True)
     return res
 
@@ -369,6 +375,11 @@ def ratios(base: dict[str, Any], big: dict[str, Any]) -> list[tuple[str, float, 
     nb, nn = base["n"], big["n"]
     rows = [
         ("resume s", base["job"]["resume_s"], big["job"]["resume_s"]),
+        (
+            "resume to producer up s",
+            base["job"].get("repaired", {}).get("up_s"),
+            big["job"].get("repaired", {}).get("up_s"),
+        ),
         ("--once s", base["once_s"], big["once_s"]),
         ("--once peak RSS MB", base["once_rss"] / 1e6, big["once_rss"] / 1e6),
         ("--once / interpreter start", base["once_of_interpreter"], big["once_of_interpreter"]),
@@ -389,7 +400,7 @@ def ratios(base: dict[str, Any], big: dict[str, Any]) -> list[tuple[str, float, 
         ("verify MB/s", base["verify"]["mb_s"], big["verify"]["mb_s"]),
         ("verify / cat", base["verify"]["of_cat"], big["verify"]["of_cat"]),
         ("verify peak RSS MB", base["verify"]["rss"] / 1e6, big["verify"]["rss"] / 1e6),
-        *_export_rows(base["export"], big["export"], nb, nn),
+        *_export_rows(base.get("export", {}), big.get("export", {}), nb, nn),
         ("journal bytes / sample", base["journal_bytes"] / nb, big["journal_bytes"] / nn),
         ("checkpoint KB", base["checkpoint_bytes"] / 1e3, big["checkpoint_bytes"] / 1e3),
     ]
@@ -405,7 +416,10 @@ def _export_rows(
 ) -> list[tuple[str, float, float]]:
     """The export's figures, each format's label saying whether it is the whole job's or a
     prefix's (stopped after ``--export-seconds``: "prefix a/b" of the baseline / at N); the
-    wait for the first sample (the journals' passes, O(N)) per sample of the job."""
+    wait for the first sample (the journals' passes, O(N)) per sample of the job. None
+    where the export was skipped."""
+    if not base or not big:
+        return []
     rows = []
     for fmt, key in (("specforge", ""), ("speculators", "speculators_")):
         span = (
@@ -423,6 +437,80 @@ def _export_rows(
             ),
         ]
     return rows
+
+
+def resume_after_repair(model: Path, data: Path, out: Path, n: int) -> dict[str, Any]:
+    """A resume of the finished job at its full size: one row folder taken away (2,000
+    samples, the middle one), ``verify --repair --quick`` journals them missing, then
+    ``eagle3d run`` again, timed to "producer up" and to the first sample saved again (the
+    folder's first file); the run then finishes the 2,000. Its journal and checkpoint are the
+    whole job's, its dataset all N rows: what a resume after a crash or damage pays."""
+    from eagle3proto import paths
+
+    g = (n // 2) // paths.GROUP_SIZE * paths.GROUP_SIZE
+    folder = out / paths.rows_dir(g)
+    aside = out.parent / f"{out.name}.aside"
+    shutil.rmtree(aside, ignore_errors=True)
+    os.rename(folder, aside)
+    repair = timed([PY, "-m", "eagle3d", "verify", "-o", str(out), "--repair", "--quick"])
+    argv = [PY, "-m", "eagle3d", "run", "--model", str(model), "--dataset", str(data)]
+    argv += ["--output", str(out), "--backend", "synthetic", "--dump-dir", f"{out}.dumps"]
+    argv += ["--socket", f"{out}.sock", "--max-failed-fraction", "0.5"]
+    log = out.parent / f"{out.name}.log-repaired"
+    start = time.monotonic()
+    with open(log, "wb") as logf:
+        proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, env=ENV)
+    up = first = 0.0
+    while True:
+        pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        time.sleep(0.05)
+        now = time.monotonic() - start
+        if not up and b"up; window" in log.read_bytes()[-20000:]:
+            up = now
+        if not first and folder.is_dir() and any(folder.iterdir()):
+            first = now
+    rc = os.waitstatus_to_exitcode(status)
+    cpu, rss = ru.ru_utime + ru.ru_stime, ru.ru_maxrss * 1024
+    shutil.rmtree(aside, ignore_errors=True)
+    return {
+        "repair_s": repair["s"],
+        "repair_rc": repair["rc"],
+        "rc": rc,
+        "up_s": up,
+        "first_save_s": first,
+        "cpu_s": cpu,
+        "rss": rss,
+    }
+
+
+def remeasure(n_dirs: list[Path], args: argparse.Namespace, model: Path) -> int:
+    """The figures of finished jobs (made by an earlier run of this bench: its n<N> folders)
+    measured again with this checkout's code: the resume after a repair, then
+    everything :func:`measure_output` measures. The jobs' own figures (daemon RSS and CPU
+    per sample, the resumes after each kill) are the earlier run's, from its --json."""
+    from eagle3proto import paths
+    from eagle3top.sources import fold_journal
+
+    earlier = json.loads(Path(args.json).read_text()) if args.json else []
+    results = []
+    for i, d in enumerate(n_dirs):
+        out, data = d / "out", d / "d.jsonl"
+        state, _rep, _ = fold_journal(paths.journal_dir(str(out), paths.Shard()))
+        n = state.saved
+        print(f"N={n:,}: resume after a repair", flush=True)
+        job = dict(earlier[i]["job"]) if i < len(earlier) else {}
+        job["repaired"] = resume_after_repair(model, data, out, n)
+        job["resume_s"] = job["repaired"]["first_save_s"]
+        results.append(measure_output(out, n, job, model, data, args))
+    if args.json:
+        Path(args.json + ".remeasured").write_text(json.dumps(results, indent=1))
+    print(f"\n| figure | N={results[0]['n']:,} | N={results[1]['n']:,} | ratio |")
+    print("|---|---|---|---|")
+    for k, a, b, r in ratios(results[0], results[1]):
+        print(f"| {k} | {a:.4g} | {b:.4g} | {r:.2f} |")
+    return 0
 
 
 def partial(base: Path, args: argparse.Namespace, model: Path) -> int:
@@ -465,8 +553,29 @@ def main(argv: list[str] | None = None) -> int:
         help="measure a job the run ran out of time for (DIR: its n<N> folder, the daemon "
         "stopped): one more start for the resume, then the rest, at the samples it saved",
     )
+    ap.add_argument(
+        "--remeasure",
+        nargs=2,
+        default=None,
+        metavar="DIR",
+        help="measure two finished jobs again (the baseline's and N's n<N> folders) with "
+        "this checkout's code; --json names the earlier run's results (read) and gets "
+        "'.remeasured' for the new ones",
+    )
+    ap.add_argument(
+        "--skip",
+        default="",
+        help="steps of the measurement left out, comma-separated (export: measured apart)",
+    )
     args = ap.parse_args(argv)
     sys.path[:0] = [str(ROOT / "shared"), str(ROOT / "daemon"), str(ROOT / "tui")]
+    # Bytecode as an installed package has it (pip compiles a wheel's modules at install):
+    # where PYTHONDONTWRITEBYTECODE is set, a source checkout would otherwise compile every
+    # module at every start, and --once against the interpreter would measure the compiler.
+    import compileall
+
+    for d in ("shared", "daemon", "tui"):
+        compileall.compile_dir(str(ROOT / d), quiet=1)
     model = Path(args.dir) / "tiny"
     if not (model / "config.json").exists():
         # In a child: this process stays small, since a child's peak RSS (wait4) counts
@@ -474,6 +583,8 @@ def main(argv: list[str] | None = None) -> int:
         subprocess.run([PY, "-m", "eagle3d", "tiny-model", str(model)], env=ENV, check=True)
     if args.partial:
         return partial(Path(args.partial), args, model)
+    if args.remeasure:
+        return remeasure([Path(d) for d in args.remeasure], args, model)
     results = [measure(args.baseline, args, model)]
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))

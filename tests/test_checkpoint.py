@@ -4,11 +4,15 @@ journals at every cut; a damaged or stale checkpoint is ignored with a message."
 
 from __future__ import annotations
 
+import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from eagle3proto import checkpoint, reducer
+from eagle3d.tools import report
+from eagle3proto import checkpoint, paths, reducer
 from eagle3proto.codec import HEADER_SIZE, scan
 from eagle3proto.journalread import Replay, iter_events, list_segments, replay
 from eagle3top import once
@@ -161,3 +165,53 @@ def test_missing_checkpoint_reads_the_whole_journal_without_a_note(tmp_path: Pat
     assert loaded.missing and "whole journal" in loaded.note
     _state, _rep, refused = fold_journal(str(jdir))
     assert refused == ""
+
+
+def report_output(tmp_path: Path, name: str) -> tuple[Path, Path]:
+    """An output holding golden journal ``name`` as its one shard's journal."""
+    out = tmp_path / "out"
+    jdir = Path(paths.journal_dir(str(out), paths.Shard()))
+    shutil.copytree(GOLDEN / name, jdir)
+    return out, jdir
+
+
+def summary(out: Path) -> dict[str, object]:
+    stories = report.read(str(out), summary=True)
+    return report.document(str(out), stories, summary=True)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_report_summary_from_checkpoint_plus_tail_equals_a_full_replay(
+    name: str, tmp_path: Path
+) -> None:
+    """``eagle3d report --summary`` reads the checkpoint and the tail: at every cut, the
+    same document as with no checkpoint (the whole journal), and the same figures as the
+    full report (which replays it all for the story)."""
+    out, jdir = report_output(tmp_path, name)
+    want = summary(out)  # no checkpoint yet: the whole journal
+    whole = report.document(str(out), report.read(str(out)))
+    for s, w in zip(want["shards"], whole["shards"], strict=True):  # type: ignore[call-overload]
+        assert s == {k: w[k] for k in s if k != "problems"} | {"problems": s["problems"]}
+    assert want["total"] == {k: whole["total"][k] for k in want["total"]}  # type: ignore[index]
+    for k in range(len(positions(jdir))):
+        write_at(jdir, k)
+        assert summary(out) == want, (name, k)
+
+
+def test_report_summary_falls_back_on_a_damaged_checkpoint_with_a_message(tmp_path: Path) -> None:
+    out, jdir = report_output(tmp_path, "failures")
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "eagle3d", "report", "--output", str(out), *args]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=120)
+
+    want = cli("--summary", "--json")
+    assert want.returncode == 0, want.stderr
+    write_at(jdir, 3)
+    damage(jdir, "flip")
+    got = cli("--summary", "--json")
+    assert got.returncode == 0, got.stderr
+    assert "checksum mismatch" in got.stderr and "the whole journal is read" in got.stderr
+    assert json.loads(got.stdout) == json.loads(want.stdout)
+    text = cli("--summary").stdout
+    assert "a summary, from the checkpoint and the journal's tail" in text

@@ -236,4 +236,7 @@ def test_the_run_tokenizes_nothing_when_every_row_at_max_length_fits(
     # (a few hundred kilobytes) runs, and fits.
     free = sizing.free_space(out).free
     check(1_000_000, str(free - (500 << 20)))
-    assert "space: at most" not in caplog.text and "(from every row)" in caplog.text
+    assert (
+        "space: at most" not in caplog.text
+        and "(from every row: all 20 still to do, tokenized)" in caplog.text
+    )

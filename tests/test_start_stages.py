@@ -3,8 +3,9 @@ line, the monitor (``--once``, ``--json``, the TUI in tmux) shows the stage tick
 the daemon's start beacon (an abstract Unix socket: nothing written under the output), and
 a SIGINT at any moment of the start ends it promptly with words that are true afterwards.
 
-The dataset has two million short rows after the demo's: counting them takes seconds, which
-is what these tests watch (they are stopped before any is sent)."""
+The dataset has two million short rows after the demo's, and its count rests after each MiB
+(``count_slow``): counting them takes seconds, which is what these tests watch (they are
+stopped before any is sent)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,9 @@ pytestmark = pytest.mark.timeout(180)
 
 DEMO = Path(__file__).parent.parent / "daemon" / "eagle3d" / "data" / "demo.jsonl"
 SHORT_ROWS = 2_000_000
+#: The rows are counted at memory speed (16 MB in a tenth of a second): a rest after each
+#: MiB scanned makes the count take seconds, for the tests to act during it.
+SLOW_READ = "count_slow:300"
 
 
 def _dataset(tmp_path: Path) -> tuple[Path, int]:
@@ -115,7 +119,7 @@ def test_every_stage_is_said_and_the_monitor_shows_it_ticking(
     out = tmp_path / "out"
     tui = Tmux([EAGLE3_TOP, "--output", str(out)])
     try:
-        with runkit.reaped(runkit.start(tiny_model_dir, data, out)) as proc:
+        with runkit.reaped(runkit.start(tiny_model_dir, data, out, fault=SLOW_READ)) as proc:
             first = _poll(out, _reading, proc)
             assert first["state"] == "starting" and first["run_state"] == "starting", first
             assert first["source"] == "beacon" and first["level"] == "OK", first
@@ -164,7 +168,7 @@ def test_a_sigint_while_reading_a_new_jobs_dataset_writes_nothing(
     folder, which the run makes only once its checks passed), and the monitor says so."""
     data, _ = _dataset(tmp_path)
     out = tmp_path / "out"
-    with runkit.reaped(runkit.start(tiny_model_dir, data, out)) as proc:
+    with runkit.reaped(runkit.start(tiny_model_dir, data, out, fault=SLOW_READ)) as proc:
         _poll(out, _reading, proc)
         assert _stop(proc, out) == 0
     assert not out.exists() and not Path(f"{out}.dumps").exists()
@@ -184,12 +188,16 @@ def test_a_sigint_while_a_resumed_job_reads_shows_the_new_start_then_the_truth(
     (no session was added)."""
     data, rows = _dataset(tmp_path)
     out = tmp_path / "out"
-    with runkit.reaped(runkit.start(tiny_model_dir, data, out, "--no-space-check")) as proc:
+    with runkit.reaped(
+        runkit.start(tiny_model_dir, data, out, "--no-space-check", fault=SLOW_READ)
+    ) as proc:
         _poll(out, lambda s: s["run_state"] == "loading", proc)
         assert _stop(proc, out) == 0
     before, _ = _shard(out)
     assert before["state"] == "stopped", before
-    with runkit.reaped(runkit.start(tiny_model_dir, data, out, "--no-space-check")) as proc:
+    with runkit.reaped(
+        runkit.start(tiny_model_dir, data, out, "--no-space-check", fault=SLOW_READ)
+    ) as proc:
         during = _poll(out, _reading, proc)
         assert during["state"] == "starting" and during["source"] == "beacon", during
         assert during["start"]["pid"] == proc.pid, during
@@ -252,7 +260,9 @@ def test_a_shard_starting_on_a_new_output_is_found_by_its_beacon(
     the kernel's list of Unix sockets), not a placeholder shard 0 of 1."""
     data, _ = _dataset(tmp_path)
     out = tmp_path / "out"
-    with runkit.reaped(runkit.start(tiny_model_dir, data, out, "--shard", "1/2")) as proc:
+    with runkit.reaped(
+        runkit.start(tiny_model_dir, data, out, "--shard", "1/2", fault=SLOW_READ)
+    ) as proc:
         seen = _poll(out, _reading, proc)
         assert seen["label"] == "shard-1-of-2" and seen["source"] == "beacon", seen
         assert _stop(proc, out) == 0

@@ -19,11 +19,10 @@ from __future__ import annotations
 import contextlib
 import os
 import struct
-import threading
 import time
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -31,11 +30,14 @@ from . import events as ev
 from . import reducer
 from .codec import HEADER_SIZE, MAX_RECORD, SegmentHeader, frame_crc
 
+if TYPE_CHECKING:
+    import threading
+
 CHECKPOINT_NAME = "checkpoint.e3c"
 MAGIC = b"E3DCKPT\x01"
 #: Bumped whenever :class:`~eagle3proto.reducer.ShardState` or :class:`Checkpoint` changes
 #: shape: an older file is then refused (and the journal replayed) rather than misread.
-VERSION = 1
+VERSION = 2
 _HEAD = struct.Struct("<8sIQ")
 _SEED = zlib.crc32(b"eagle3d-checkpoint-v1")
 _FRAME = struct.Struct("<II")
@@ -97,8 +99,7 @@ def write(jdir: str, data: bytes) -> None:
         os.close(dfd)
 
 
-@dataclass(frozen=True, slots=True)
-class Loaded:
+class Loaded(msgspec.Struct, frozen=True):
     """What :func:`load` found: a checkpoint to start from, or why there is none."""
 
     checkpoint: Checkpoint | None
@@ -210,6 +211,8 @@ class Checkpointer:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
+        import threading  # the daemon's writer only: a reader (``--once``) never loads it
+
         self.jdir = jdir
         self._fold = fold
         self._snapshot = snapshot
@@ -237,6 +240,8 @@ class Checkpointer:
             if e.seq > seq:
                 self._fold(e)
         self._seeded = True
+        import threading
+
         self._thread = threading.Thread(target=self._run, name="checkpoint", daemon=True)
         self._thread.start()
 

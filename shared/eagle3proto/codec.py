@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import struct
 import zlib
-from dataclasses import dataclass
 from enum import Enum
+
+import msgspec
 
 #: Largest payload accepted, journal or socket. Snapshots are the biggest messages.
 MAX_RECORD = 8 << 20
@@ -58,8 +59,7 @@ class Stop(Enum):
 TORN = frozenset({Stop.SHORT, Stop.PAST_END, Stop.ZEROS})
 
 
-@dataclass(frozen=True, slots=True)
-class Scan:
+class Scan(msgspec.Struct, frozen=True):
     """Result of scanning a buffer: the valid frames' payloads and where/why it stopped."""
 
     payloads: list[bytes]
@@ -116,8 +116,7 @@ def _has_zero_sector(frame: memoryview, sector: int = 512) -> bool:
     return any(frame[i : i + sector] == zero for i in range(0, len(frame) - sector + 1, sector))
 
 
-@dataclass(frozen=True, slots=True)
-class SegmentHeader:
+class SegmentHeader(msgspec.Struct, frozen=True):
     """Fixed header of a journal segment."""
 
     run_id: str  # 32 hex digits (128 bits)

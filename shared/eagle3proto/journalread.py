@@ -13,8 +13,9 @@ from __future__ import annotations
 import operator
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Protocol
+
+import msgspec
 
 from . import events as ev
 from .codec import FRAME_OVERHEAD, HEADER_SIZE, TORN, SegmentHeader, Stop, encode_frame, scan
@@ -25,8 +26,7 @@ _seq = operator.attrgetter("seq")
 _run = operator.attrgetter("run")
 
 
-@dataclass(frozen=True, slots=True)
-class Problem:
+class Problem(msgspec.Struct, frozen=True):
     """Why replay stopped before the end of the data (or what it had to step over)."""
 
     segment: str
@@ -55,17 +55,16 @@ class Start(Protocol):
     def end(self) -> int: ...
 
 
-@dataclass(slots=True)
-class Replay:
+class Replay(msgspec.Struct):
     """What :func:`replay` found."""
 
     run_id: str = ""
     next_seq: int = 0
     count: int = 0
-    segments: list[str] = field(default_factory=list)
-    problems: list[Problem] = field(default_factory=list)
+    segments: list[str] = []
+    problems: list[Problem] = []
     #: (segment path, offset of the end of its last good frame) for each segment read
-    good_ends: dict[str, int] = field(default_factory=dict)
+    good_ends: dict[str, int] = {}
 
     @property
     def stopped_early(self) -> bool:

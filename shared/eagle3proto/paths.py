@@ -10,7 +10,8 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from dataclasses import dataclass
+
+import msgspec
 
 GROUP_SIZE = 2000
 STATE_DIR = ".eagle3d"
@@ -21,8 +22,7 @@ _SHARD_RE = re.compile(r"^shard-(\d+)-of-(\d+)$")
 MAX_SOCKET_PATH = 107
 
 
-@dataclass(frozen=True, slots=True)
-class Shard:
+class Shard(msgspec.Struct, frozen=True):
     index: int = 0
     count: int = 1
 

@@ -15,7 +15,10 @@ Counters (distinct samples, never requests):
 
 ``requests`` counts every attempt sent (retries included): that is what a server's own
 request counter sees, and why it runs ahead of ``saved``; ``dumps`` counts every dump that
-arrived for one of them. Both only grow, which is what a Prometheus counter needs.
+arrived for one of them. Both only grow, which is what a Prometheus counter needs. They, with
+``retries`` and ``orphans``, count the whole job (every session of the journal); their
+``session_`` twins count the last session alone (reset by its ``run_started``), the span of
+what a producer reports about itself.
 
 A session is ``starting`` from its ``run_started`` (and ``loading`` while the producer loads
 its model) until the producer is up (``run_state running``, or for journals written before
@@ -84,6 +87,10 @@ class ShardState(msgspec.Struct, kw_only=True):
     requests: int = 0
     retries: int = 0
     orphans: int = 0
+    session_requests: int = 0  # the four above, over the last session alone
+    session_retries: int = 0
+    session_dumps: int = 0
+    session_orphans: int = 0
     bytes_saved: int = 0
     tokens_saved: int = 0
     truncated: int = 0  # saved samples cut to max_length
@@ -231,6 +238,7 @@ def _run_started(s: ShardState, e: ev.RunStarted, t: float) -> None:
     s.max_failed_fraction = e.max_failed_fraction
     s.space_reserve_bytes = e.space_reserve_bytes
     s.session_start_ts = t
+    s.session_requests = s.session_retries = s.session_dumps = s.session_orphans = 0
     s.changed["sent"] = t
 
 
@@ -244,14 +252,17 @@ def _sent(s: ShardState, e: ev.SampleSent, t: float) -> None:
     if not s.up_ts:  # a journal from before the run_state running record: the first send
         _came_up(s, t)
     s.requests += 1
+    s.session_requests += 1
     if e.attempt > 1:
         s.retries += 1
+        s.session_retries += 1
     _set_stage(s, e.idx, SENT, t)
 
 
 def _dumped(s: ShardState, e: ev.SampleDumped, t: float) -> None:
     if e.idx in s.stage:
         s.dumps += 1
+        s.session_dumps += 1
         _set_stage(s, e.idx, DUMPED, t)
         s.changed["dumped"] = t
 
@@ -324,7 +335,9 @@ def _failed(s: ShardState, e: ev.SampleFailed, t: float) -> None:
 
 def _stats(s: ShardState, e: ev.Stats, t: float) -> None:
     s.stats = _on_timeline(e, t)
-    s.orphans = max(s.orphans, e.orphans)
+    # The record's count is its daemon's, this session's; the job's holds at least as many.
+    s.session_orphans = max(s.session_orphans, e.orphans)
+    s.orphans = max(s.orphans, s.session_orphans)
     if s.state in ("starting", "loading") and e.producer_rss_bytes > s.load_rss + LOAD_STEP_BYTES:
         s.load_rss = e.producer_rss_bytes
         s.load_progress_ts = t
@@ -358,6 +371,7 @@ def _producer(s: ShardState, e: ev.ProducerEvent, t: float) -> None:
 
 def _orphan(s: ShardState, e: ev.DumpOrphan, t: float) -> None:
     s.orphans += 1
+    s.session_orphans += 1
 
 
 def _stopped(s: ShardState, e: ev.RunStopped, t: float) -> None:

@@ -197,6 +197,11 @@ class View(msgspec.Struct, kw_only=True):
     retries: int = 0
     dumps: int = 0
     orphans: int = 0
+    # The four above count the whole job; these, its last session (ShardState's twins).
+    session_requests: int = 0
+    session_retries: int = 0
+    session_dumps: int = 0
+    session_orphans: int = 0
     bytes_saved: int = 0
     tokens_saved: int = 0
     truncated: int = 0
@@ -209,7 +214,7 @@ class View(msgspec.Struct, kw_only=True):
     eta_window_s: float = 0.0
     eta_s: float | None = None
     eta_frozen: str = ""
-    up_s: float | None = None  # how long this session's producer has been up
+    up_s: float | None = None  # how long ago this session's producer came up (the journal's)
     age_s: float | None = None  # age of the newest record
     ages: dict[str, float] = {}  # age of the newest record of each kind
     changed_ago: dict[str, float] = {}  # age of the last change of sent/dumped/saved/failed
@@ -279,6 +284,10 @@ def view(
         retries=s.retries,
         dumps=s.dumps,
         orphans=s.orphans,
+        session_requests=s.session_requests,
+        session_retries=s.session_retries,
+        session_dumps=s.session_dumps,
+        session_orphans=s.session_orphans,
         bytes_saved=s.bytes_saved,
         tokens_saved=s.tokens_saved,
         truncated=s.truncated,
@@ -320,6 +329,10 @@ def combine(views: list[View], now_label: str = "total") -> View:
         "retries",
         "dumps",
         "orphans",
+        "session_requests",
+        "session_retries",
+        "session_dumps",
+        "session_orphans",
         "bytes_saved",
         "tokens_saved",
         "truncated",

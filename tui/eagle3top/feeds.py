@@ -24,7 +24,7 @@ from eagle3proto import reducer, wire
 from eagle3proto.journalread import Follower, list_segments
 
 from .model import Row
-from .sources import SourceInfo, Target, daemon_alive, decode, is_beacon, read_journal
+from .sources import SourceInfo, Target, daemon_alive, decode, is_beacon, read_journal_counted
 
 BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 15.0)
 #: How often a journal is re-read while its daemon is known to be down (nothing appends to
@@ -58,6 +58,9 @@ class Feed:
 
     def reconnect(self) -> None:
         self._kick.set()
+
+    def _live(self) -> None:
+        """A snapshot arrived: the source is live, whatever stood in for it is stale."""
 
     async def _sleep(self, delay: float) -> bool:
         """Sleep ``delay`` or until :meth:`reconnect`; True if woken by it."""
@@ -111,6 +114,7 @@ class Feed:
                         folded += 1
                     elif isinstance(m, wire.Snapshot):
                         got_snapshot = True
+                        self._live()
                         folded += 1
                         row.state, row.start = m.state, m.start
                         row.host = m.host or row.host
@@ -162,8 +166,18 @@ class LocalFeed(Feed):
         super().__init__(Row(label=target.label, output=target.output, shard=target.label), clock)
         self.target = target
         self.interval = interval
+        #: the journal's fold while the socket is unreachable, and where it has read to;
+        #: dropped when the socket is back (:meth:`_live`)
         self._jstate: reducer.ShardState | None = None
         self._follower: Follower | None = None
+        self.largest_read = 0  # the most records one journal read folded (tests, benchmarks)
+
+    def _live(self) -> None:
+        # Kept, the follower's next read after this session would take every record the
+        # session wrote at once (a long session's worth of decoded events: memory the
+        # process keeps). Dropped, the next fall-back reads the newest checkpoint and its
+        # tail, bounded by the checkpoint's interval, however long the session ran.
+        self._jstate = self._follower = None
 
     async def run(self) -> None:
         row = self.row
@@ -207,7 +221,10 @@ class LocalFeed(Feed):
             if t.jdir and list_segments(t.jdir):
                 if self._follower is None:
                     # The first read folds the whole journal: off the UI thread.
-                    self._jstate, self._follower = await asyncio.to_thread(read_journal, t.jdir)
+                    self._jstate, self._follower, n = await asyncio.to_thread(
+                        read_journal_counted, t.jdir
+                    )
+                    self.largest_read = max(self.largest_read, n)
                     folded = 1
                 else:
                     # Later reads take one interval's appends: inline, no thread hop (each
@@ -216,6 +233,7 @@ class LocalFeed(Feed):
                     assert self._jstate is not None
                     reducer.apply_all(self._jstate, new)
                     folded = len(new)
+                    self.largest_read = max(self.largest_read, folded)
                 row.state, row.start = self._jstate, None
                 row.source, row.conn = "journal", "journal"
                 row.alive = daemon_alive(t.lock, self._jstate) if t.lock else None

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import textwrap
 import time
-from dataclasses import dataclass
 
+import msgspec
 from eagle3proto import events as ev
 from eagle3proto.units import duration as duration  # re-exported: fmt.duration, fmt.rate, fmt.size
 from eagle3proto.units import rate as rate
@@ -92,8 +92,7 @@ def bar(fraction: float, width: int) -> str:
 DISK_FULL_BYTES = 256 << 20
 
 
-@dataclass(frozen=True, slots=True)
-class DiskProjection:
+class DiskProjection(msgspec.Struct, frozen=True):
     """Will the rest of the job fit on the output filesystem?"""
 
     free_bytes: int

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from eagle3proto.events import GpuInfo, Stats
+from eagle3proto.views import View
 from rich.text import Text
 
 from . import fmt
@@ -17,7 +18,8 @@ from .model import OK, STALE_AFTER_S, Health, Row
 from .panels import BAD, DIM, GOOD, LEVEL_STYLE, WARN, overall, verdict
 from .report import HW_THROTTLE, XID_CRITICAL_S, Report
 
-#: The producer's own facts (``ProducerHealth.detail``) in words; None: not shown.
+#: The producer's own facts (``ProducerHealth.detail``) in words; None: not shown. A count
+#: says its span: the producer's life (this session), or an SGLang server's (its own).
 DETAIL_LABELS: dict[str, str | None] = {
     "workers": "workers",
     "threads_per_worker": "threads per worker",
@@ -25,17 +27,17 @@ DETAIL_LABELS: dict[str, str | None] = {
     "dtype": "dtype",
     "inflight": "at the workers",
     "batch_fill": "batch fill",
-    "moved": "moved to idle workers",
+    "moved": "moved to idle workers this session",
     "server_version": "server",
     "prompt_tokens_s": "prompt tokens/s",
-    "prompt_tokens_total": "prompt tokens",
-    "generation_tokens_total": "generated tokens",
-    "cached_tokens_total": "cached tokens",
+    "prompt_tokens_total": "server's prompt tokens",
+    "generation_tokens_total": "server's generated tokens",
+    "cached_tokens_total": "server's cached tokens",
     "num_running_reqs": "running",
     "num_queue_reqs": "queued",
     "metrics": "metrics",
-    "dumps": "dumps",
-    "uptime_s": "up for",
+    "dumps": "dumps it made this session",
+    "uptime_s": "its own uptime",
     "server_at": None,  # when /server_info was read: the stats age says it already
     "metrics_at": None,
 }
@@ -178,7 +180,7 @@ def _producer_state(t: Text, r: Row, h: Health, now: float, width: int = 62) -> 
     elif p is not None:
         t.append("up" if p.up else "DOWN", style=GOOD if p.up else BAD)
     if p is not None:
-        t.append(f"  latency {p.latency_s:.2f} s  restarts {p.restarts}")
+        t.append(f"  latency {p.latency_s:.2f} s  restarts {p.restarts} this session")
 
 
 def producer(rows: list[Row], now: float, report: Report | None = None, width: int = 62) -> Text:
@@ -208,8 +210,8 @@ def producer(rows: list[Row], now: float, report: Report | None = None, width: i
             continue
         if p is not None and p.detail:
             t.append("\n" + _detail_lines(p.detail, width), style=DIM)
-        t.append(f"\nrequests {fmt.count(v.requests)}  retries {fmt.count(v.retries)}")
-        t.append(f"  orphan dumps {fmt.count(v.orphans)}")
+        t.append("\n")
+        t.append_text(counters(v))
         if s.stats:
             t.append(
                 f"\ndaemon cpu {s.stats.cpu_percent:.0f}%  rss {fmt.size(s.stats.rss_bytes)}",
@@ -225,6 +227,28 @@ def producer(rows: list[Row], now: float, report: Report | None = None, width: i
             t.append(f"\njournal recovered: {s.recovered[-1]}", style=WARN)
     if not t:
         t.append("no data", style=DIM)
+    return t
+
+
+#: The daemon's counters, each over two spans: (label, whole-job field, this-session field).
+COUNTERS = (
+    ("requests", "requests", "session_requests"),
+    ("dumps", "dumps", "session_dumps"),
+    ("retries", "retries", "session_retries"),
+    ("orphan dumps", "orphans", "session_orphans"),
+)
+
+
+def counters(v: View) -> Text:
+    """The daemon's own counts (from the journal) as a small table: one row over this
+    session, one over the whole job, so no count stands beside one of another span."""
+    cols = [(label, max(len(label), 9) + 2) for label, _, _ in COUNTERS]  # 9: "1,000,000"
+    t = Text()
+    t.append(f"{'':12}" + "".join(f"{label:>{w}}" for label, w in cols), style=DIM)
+    for span, pick in (("this session", 2), ("whole job", 1)):
+        values = [fmt.count(getattr(v, c[pick])) for c in COUNTERS]
+        t.append(f"\n{span:12}", style=DIM)
+        t.append("".join(f"{x:>{w}}" for x, (_, w) in zip(values, cols, strict=True)))
     return t
 
 

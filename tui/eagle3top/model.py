@@ -28,8 +28,8 @@ States (``HEALTH_STATES``) and their levels:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 
+import msgspec
 from eagle3proto import layouts, wire
 from eagle3proto.reducer import ShardState
 from eagle3proto.views import (
@@ -89,8 +89,7 @@ STATE_ORDER = (
 )
 
 
-@dataclass
-class Row:
+class Row(msgspec.Struct):
     """One shard as one source sees it."""
 
     label: str
@@ -105,7 +104,7 @@ class Row:
     retry_at: float | None = None
     attempts: int = 0
     error: str = ""
-    notes: list[str] = field(default_factory=list)
+    notes: list[str] = []
     #: the shard count that took over this journal's rest (0: its layout is the current one;
     #: set by :func:`mark_layouts`)
     closed_by: int = 0
@@ -152,8 +151,7 @@ class Row:
         return view(s, now, label=self.label, frozen=frozen)
 
 
-@dataclass(frozen=True, slots=True)
-class Health:
+class Health(msgspec.Struct, frozen=True):
     state: str  # one of HEALTH_STATES, or "unknown" when nothing could be read
     level: int = OK
     reason: str = ""

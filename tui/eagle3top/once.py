@@ -92,8 +92,14 @@ class Counts(msgspec.Struct, kw_only=True):
     finish_ts: float | None
     up_s: float | None
     age_s: float | None
-    requests: int
+    requests: int  # these four: the whole job (every session)
     dumps: int
+    retries: int
+    orphans: int
+    session_requests: int  # these four: the last session alone
+    session_dumps: int
+    session_retries: int
+    session_orphans: int
 
 
 class ShardDoc(Counts, kw_only=True):
@@ -164,6 +170,12 @@ def _counts(v: View, now: float) -> dict[str, object]:
         "age_s": None if v.age_s is None else round(v.age_s, 3),
         "requests": v.requests,
         "dumps": v.dumps,
+        "retries": v.retries,
+        "orphans": v.orphans,
+        "session_requests": v.session_requests,
+        "session_dumps": v.session_dumps,
+        "session_retries": v.session_retries,
+        "session_orphans": v.session_orphans,
     }
 
 

@@ -205,7 +205,8 @@ def _eta_line(
     else:
         t.append(f"  at {rate} (last {window})", style=DIM)
     if v.up_s is not None:
-        t.append(f" · producer up {fmt.duration(v.up_s)}", style=DIM)
+        # Since this session's producer came up, as the journal says (its run_state).
+        t.append(f" · running {fmt.duration(v.up_s)} this session", style=DIM)
     return t
 
 

@@ -23,8 +23,7 @@ status is the most severe level found, in the order 2 CRITICAL, 1 WARNING, 3 UNK
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
+import msgspec
 from eagle3proto import views
 from eagle3proto.reducer import ShardState
 
@@ -109,20 +108,19 @@ def failure_findings(s: ShardState, state: str, now: float) -> list[tuple[int, s
     return out
 
 
-@dataclass
-class Report:
+class Report(msgspec.Struct):
     """What was observed across all shards, the verdict and the exit status it implies."""
 
-    critical: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    unknown: list[str] = field(default_factory=list)
-    ok: list[str] = field(default_factory=list)
+    critical: list[str] = []
+    warnings: list[str] = []
+    unknown: list[str] = []
+    ok: list[str] = []
     #: Each shard's own health, in the order given.
-    health: list[tuple[Row, Health]] = field(default_factory=list)
+    health: list[tuple[Row, Health]] = []
     #: Each shard's level once the checks are added (the health's, or worse).
-    levels: list[int] = field(default_factory=list)
+    levels: list[int] = []
     #: Each shard's findings: (level, words without the shard's name or state, message).
-    findings: list[list[tuple[int, str, str]]] = field(default_factory=list)
+    findings: list[list[tuple[int, str, str]]] = []
 
     @classmethod
     def judge(cls, rows: list[Row], now: float) -> Report:

@@ -25,13 +25,10 @@ import contextlib
 import fcntl
 import glob
 import os
-import shlex
 import socket
 import stat
-import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import msgspec
 from eagle3proto import checkpoint, locks, paths, reducer, wire
@@ -68,8 +65,7 @@ def decode(payload: bytes) -> object:
     return msg
 
 
-@dataclass(frozen=True)
-class Target:
+class Target(msgspec.Struct, frozen=True):
     """One local shard to watch."""
 
     label: str
@@ -271,13 +267,20 @@ def _read_snapshot(recv: Callable[[int], bytes], timeout: float) -> wire.Snapsho
 def read_journal(jdir: str) -> tuple[reducer.ShardState, Follower]:
     """Fold a shard's journal (read-only): its checkpoint and the records after it, or the
     whole journal when it has none that checks out. The follower continues from its end."""
+    state, fol, _ = read_journal_counted(jdir)
+    return state, fol
+
+
+def read_journal_counted(jdir: str) -> tuple[reducer.ShardState, Follower, int]:
+    """:func:`read_journal`, and how many records it folded after the checkpoint."""
     ck = checkpoint.load(jdir).checkpoint
     if ck is None:
         state, fol = reducer.new_state(), Follower(jdir)
     else:
         state, fol = ck.state, Follower.after(jdir, ck.position)
-    reducer.apply_all(state, fol.poll())
-    return state, fol
+    tail = fol.poll()
+    reducer.apply_all(state, tail)
+    return state, fol, len(tail)
 
 
 def fold_journal(jdir: str) -> tuple[reducer.ShardState, Replay, str]:
@@ -346,6 +349,8 @@ def once_local(t: Target) -> Row:
 
 def ssh_argv(host: str, remote_args: list[str], env: dict[str, str] | None = None) -> list[str]:
     """``ssh HOST 'eagle3-top --stream ...'`` with the ssh and remote commands configurable."""
+    import shlex  # only for remote hosts: ``--once`` on this host never loads it
+
     env = dict(os.environ) if env is None else env
     ssh = shlex.split(env.get("EAGLE3_TOP_SSH") or DEFAULT_SSH)
     remote = shlex.split(env.get("EAGLE3_TOP_REMOTE") or DEFAULT_REMOTE)
@@ -354,6 +359,8 @@ def ssh_argv(host: str, remote_args: list[str], env: dict[str, str] | None = Non
 
 def once_remote(host: str, remote_args: list[str], timeout: float = 20.0) -> Row:
     """One remote shard's row for ``--once``, through the ``--stream`` relay over ssh."""
+    import subprocess  # only for remote hosts (see :func:`ssh_argv`)
+
     row = Row(label=host, host=host, source="ssh")
     hello = wire.encode(wire.Hello(mode="once", client="eagle3-top --once"))
     try:

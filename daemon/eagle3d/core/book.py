@@ -105,9 +105,13 @@ class Book:
 
     def counts(self) -> tuple[int, int]:
         """(saved, failed) samples of this shard."""
-        status = self.status
-        saved = sum(1 for i in self.ids if status[i] == SAVED)
-        return saved, sum(1 for i in self.ids if status[i] == FAILED)
+        own = self.own_status()
+        return own.count(SAVED), own.count(FAILED)
+
+    def own_status(self) -> bytearray:
+        """This shard's rows' statuses, in order (a copy: counted at memory speed)."""
+        ids = self.ids
+        return self.status[ids.start : ids.stop : ids.step]
 
     @property
     def paused(self) -> str:

@@ -148,7 +148,7 @@ class Ledger(Book):
 
     def replayed(self, finished_last: bool, now: float) -> list[fx.Effect]:
         """The journal is replayed: with no row of the shard pending, the run is over."""
-        if any(self.status[i] == PENDING for i in self.ids):
+        if PENDING in self.own_status():
             return []
         saved, failed = self.counts()
         code = finish_code(saved, failed, self.total, self.rules.max_failed_fraction)

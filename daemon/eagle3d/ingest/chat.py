@@ -59,6 +59,7 @@ Decisions:
 
 from __future__ import annotations
 
+import functools
 import os
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
@@ -67,7 +68,7 @@ from typing import Any
 
 from eagle3d.ingest.dataset import BadSample, Conversation, PreTokenized, Sample
 
-__all__ = ["ON_OVERFLOW", "ChatEncoder", "Tokenized"]
+__all__ = ["ON_OVERFLOW", "ChatEncoder", "Tokenized", "encoder"]
 
 ON_OVERFLOW = ("truncate", "skip")
 
@@ -363,3 +364,12 @@ def _compile(template: str) -> Callable[..., str]:
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = raise_exception
         return env.from_string(template).render
+
+
+@functools.lru_cache(maxsize=4)
+def encoder(model: str, max_length: int = 0, on_overflow: str = "truncate") -> ChatEncoder:
+    """The encoder of the tokenizer in ``model``, made once a process (its load takes
+    seconds: a run's space check and its feeder share it, one after the other)."""
+    from transformers import AutoTokenizer
+
+    return ChatEncoder(AutoTokenizer.from_pretrained(model), max_length, on_overflow)

@@ -25,14 +25,17 @@ from __future__ import annotations
 
 import gzip
 import io
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import msgspec
 
 from eagle3d.ingest.dataset import BadSample, Sample, parse_line, parse_obj
 from eagle3d.ingest.pin import Pin, open_pinned
+
+if TYPE_CHECKING:
+    from eagle3d.ingest.lineindex import Lines
 
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -194,51 +197,92 @@ def count(
     progress: Callable[[int, int], object] | None = None,
 ) -> tuple[int, list[int]]:
     """(rows, ids of blank lines) of the dataset: rows are the sample ids 0..rows-1;
-    ``progress(rows, bytes)`` every few thousand lines of a JSONL file (bytes: of the lines
-    as read, after any decompression)."""
+    ``progress(rows, bytes)`` every chunk of a JSONL file (bytes: of the lines as read, after
+    any decompression)."""
+    found = index(path, fmt, pin, max_line, progress)
+    return found.rows, found.blank
+
+
+def index(
+    path: str,
+    fmt: Format,
+    pin: Pin | None = None,
+    max_line: int = MAX_LINE_BYTES,
+    progress: Callable[[int, int], object] | None = None,
+) -> Lines:
+    """:func:`count`'s rows and blank ids, and for an uncompressed JSONL file each row's byte
+    offset (:func:`rows_at` reads a row by it); a JSONL file is scanned with numpy, not a
+    Python step a line (:mod:`eagle3d.ingest.lineindex`, numpy: imported here)."""
+    from eagle3d.ingest.lineindex import Lines, scan
+
     if fmt.name == "json":
-        return len(_array(path, pin)), []
+        return Lines(len(_array(path, pin)), [])
     if fmt.name == "parquet":
         import pyarrow.parquet as pq
 
         with _open_raw(path, pin) as f:
-            return int(pq.ParquetFile(f).metadata.num_rows), []
-    n = read = 0
-    blank: list[int] = []
-    for n, line in enumerate(_lines(path, fmt, pin, max_line), 1):
-        if isinstance(line, bytes):
-            read += len(line) + 1
-            if not line.strip():
-                blank.append(n - 1)
-        else:
-            read += line.nbytes + 1
-        if progress is not None and n & 4095 == 0:
-            progress(n, read)
-    return n, blank
+            return Lines(int(pq.ParquetFile(f).metadata.num_rows), [])
+    with _open_text(path, fmt.name, pin) as f:
+        return scan(f, max_line, fmt.name == "jsonl", progress)
+
+
+def rows_at(
+    path: str, fmt: Format, ids: Sequence[int], starts: Any = None, max_line: int = MAX_LINE_BYTES
+) -> Iterator[tuple[int, Row]]:
+    """``(idx, row)`` for the rows ``ids`` (ascending): each read at its offset in ``starts``
+    (:func:`index`'s, an uncompressed JSONL file); otherwise the file is read in order up to
+    the last of them."""
+    if not ids:
+        return
+    if starts is None or fmt.name != "jsonl":
+        wanted, last = set(ids), ids[-1]
+        for idx, row in iter_rows(path, fmt, max_line=max_line):
+            if idx in wanted:
+                yield idx, row
+            if idx >= last:
+                return
+        return
+    with open(path, "rb") as f:
+        for idx in ids:
+            f.seek(int(starts[idx]))
+            yield idx, _one_line(f, max_line)
+
+
+def _one_line(f: IO[bytes], max_line: int) -> bytes | TooLong:
+    """The line at ``f``'s position (see :func:`_finish_line`)."""
+    return _finish_line(f, f.readline(max_line + 2), max_line)  # room for its own \r\n
+
+
+def _finish_line(f: IO[bytes], line: bytes, max_line: int) -> bytes | TooLong:
+    """``line`` as read by ``readline(max_line + 2)``, its ending removed; a
+    :class:`TooLong` past ``max_line`` bytes, the rest of it read past in pieces."""
+    ended = line.endswith(b"\n")
+    if ended:
+        line = line[:-2] if line.endswith(b"\r\n") else line[:-1]
+    if len(line) > max_line or (not ended and len(line) == max_line + 2):
+        n = len(line)
+        while not ended and (more := f.readline(1 << 20)):  # the rest, not held
+            ended = more.endswith(b"\n")
+            n += len(more) - (1 if ended else 0)
+        return TooLong(n, max_line)
+    return line
 
 
 def _lines(
-    path: str, fmt: Format, pin: Pin | None = None, max_line: int = MAX_LINE_BYTES
+    path: str, fmt: Format, pin: Pin | None = None, max_line: int = MAX_LINE_BYTES, at: int = 0
 ) -> Iterator[bytes | TooLong]:
     """The lines of a JSONL file (compressed or not), line endings removed; a line longer
-    than ``max_line`` bytes is a :class:`TooLong`, read past in pieces."""
+    than ``max_line`` bytes is a :class:`TooLong`, read past in pieces. ``at``: the byte
+    offset of a line to start from (an uncompressed file)."""
     with _open_text(path, fmt.name, pin) as f:
-        first = True
+        first = not at
+        if at:
+            f.seek(at)
         while line := f.readline(max_line + 2):  # room for the line's own \r\n
             if first:
                 line = line.removeprefix(_BOM)  # not part of line 1's JSON
                 first = False
-            ended = line.endswith(b"\n")
-            if ended:
-                line = line[:-2] if line.endswith(b"\r\n") else line[:-1]
-            if len(line) > max_line or (not ended and len(line) == max_line + 2):
-                n = len(line)
-                while not ended and (more := f.readline(1 << 20)):  # the rest, not held
-                    ended = more.endswith(b"\n")
-                    n += len(more) - (1 if ended else 0)
-                yield TooLong(n, max_line)
-                continue
-            yield line
+            yield _finish_line(f, line, max_line)
 
 
 def iter_rows(
@@ -248,15 +292,19 @@ def iter_rows(
     shard_count: int = 1,
     pin: Pin | None = None,
     max_line: int = MAX_LINE_BYTES,
+    skip_to: tuple[int, int] | None = None,
 ) -> Iterator[tuple[int, Row]]:
-    """``(idx, row)`` for the rows with ``idx % shard_count == shard_index``, in order."""
+    """``(idx, row)`` for the rows with ``idx % shard_count == shard_index``, in order;
+    ``skip_to``: (a row id, its byte offset from :func:`index`) of an uncompressed JSONL file,
+    where reading starts (the rows before it are not read)."""
     if fmt.name == "parquet":
         yield from _parquet_rows(path, fmt, shard_index, shard_count, pin, max_line)
         return
+    first, at = skip_to if skip_to is not None and fmt.name == "jsonl" else (0, 0)
     rows: Iterator[Any] = (
-        _items(path, pin, max_line) if fmt.name == "json" else _lines(path, fmt, pin, max_line)
+        _items(path, pin, max_line) if fmt.name == "json" else _lines(path, fmt, pin, max_line, at)
     )
-    for idx, row in enumerate(rows):
+    for idx, row in enumerate(rows, first):
         if idx % shard_count == shard_index:
             yield idx, row if isinstance(row, TooLong) else bytes(row)
 
@@ -329,7 +377,9 @@ __all__ = [
     "TooLong",
     "count",
     "detect",
+    "index",
     "iter_rows",
     "parse_row",
+    "rows_at",
     "unit",
 ]

@@ -39,6 +39,7 @@ class Feeder:
         capacity: int,
         pin: Any = None,
         max_line: int = 64 << 20,
+        skip_to: tuple[int, int] | None = None,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be at least 1, not {capacity}")
@@ -52,6 +53,7 @@ class Feeder:
         self.put = put
         self.pin = pin  # the dataset as pinned at the start: rows are read through it
         self.max_line = max_line
+        self.skip_to = skip_to  # (row, byte offset) of the first pending row: read from there
         self.failed = failed
         self._capacity = capacity
         self._room = threading.Semaphore(capacity)
@@ -94,15 +96,12 @@ class Feeder:
             self.failed(f"{type(e).__name__}: {e}", False)
 
     def _feed(self) -> None:
-        from transformers import AutoTokenizer
-
-        from eagle3d.ingest.chat import ChatEncoder
+        from eagle3d.ingest.chat import encoder
         from eagle3d.ingest.dataformats import BadSample, iter_rows, parse_row, unit
 
-        tok = AutoTokenizer.from_pretrained(self.model)
-        enc = ChatEncoder(tok, max_length=self.max_length, on_overflow=self.on_overflow)
+        enc = encoder(self.model, self.max_length, self.on_overflow)
         status = self.status
-        rows = iter_rows(self.dataset, self.fmt, *self.shard, pin=self.pin, max_line=self.max_line)
+        rows = iter_rows(self.dataset, self.fmt, *self.shard, self.pin, self.max_line, self.skip_to)
         for idx, raw in rows:
             if self._stop.is_set():
                 return

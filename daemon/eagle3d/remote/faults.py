@@ -26,6 +26,8 @@ process, does not fire again):
   dump (``vanish``: deletes it right after writing it, as a cleanup of the dump area would;
   ``layers``: writes one layer fewer, names and states, as a producer set up for another
   capture would).
+* ``count_slow:<ms>`` - the start's count of the dataset's rows rests ``ms`` milliseconds
+  after every chunk it scans (a big dataset's read, on a small one: a test acts during it).
 * ``export_slow:<ms>`` - ``eagle3d export`` rests ``ms`` milliseconds after every sample (a
   long export of a small job, so that a test sees its progress lines).
 * ``hook_drop:<n>`` - the SGLang capture hook's writer silently drops its n-th dump (no file,
@@ -93,6 +95,7 @@ def parse(text: str) -> dict[str, Fault]:
             "worker_crash_over",
             "hook_drop",
             "export_slow",
+            "count_slow",
         ):
             out[name] = Fault(name, "", int(parts[1]) if len(parts) > 1 else 1, marker)
         elif name == "wall_offset":

@@ -24,7 +24,7 @@ from eagle3d import config
 from eagle3d.core import outcome as oc
 from eagle3d.core.ledger import Ledger, Rules
 from eagle3d.core.resume import ResumeFold
-from eagle3d.core.sample import CommitJob
+from eagle3d.core.sample import PENDING, CommitJob
 from eagle3d.ingest.feeder import Feeder
 from eagle3d.produce.base import Producer
 from eagle3d.remote import storedtype
@@ -266,4 +266,15 @@ def _feeder(
         capacity=FEED_AHEAD,
         pin=facts.pin,
         max_line=cfg.max_line_bytes,
+        skip_to=_first_pending(facts, shard, status),
     )
+
+
+def _first_pending(facts: job.JobFacts, shard: Shard, status: bytearray) -> tuple[int, int] | None:
+    """(row id, byte offset) of the shard's first pending row, where the dataset's offsets are
+    known: a resumed feeder reads from there, not through every row already saved."""
+    k = status[shard.index :: shard.count].find(PENDING)
+    if facts.starts is None or k < 0:
+        return None
+    row = shard.index + k * shard.count
+    return row, int(facts.starts[row])

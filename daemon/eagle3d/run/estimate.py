@@ -2,20 +2,26 @@
 and ``eagle3d run``'s space check (:mod:`eagle3d.run.spacecheck`): the rows still to do, as
 the journal (or the daemon's own resume fold) says, tokenized as the feeder does (every row,
 or a uniform sample), each sample's file size exact for its token count
-(:mod:`eagle3d.store.sizing`), and the output filesystem's free space."""
+(:mod:`eagle3d.store.sizing`), and the output filesystem's free space.
+
+Its cost is bounded by the sample, not the dataset: the remaining rows are found at memory
+speed (numpy over the rows' statuses), and only the chosen ones are read, each at its byte
+offset (:func:`eagle3d.ingest.dataformats.rows_at`; a compressed file is read in order up to
+the last chosen row)."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
-import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from eagle3proto.paths import Shard
 
 from eagle3d import config
-from eagle3d.core.sample import FAILED, PENDING, SAVED
+from eagle3d.core.sample import FAILED, PENDING, SAVED, SKIPPED
 from eagle3d.remote import storedtype
 from eagle3d.run import job
 from eagle3d.run.planreport import PlanReport, ShardPlan
@@ -31,20 +37,24 @@ def _pending(
     facts: job.JobFacts,
     blank: set[int],
     status: bytearray | None,
-) -> tuple[list[int], ShardPlan]:
-    """The rows of ``shard`` still to do, and what its journal says is done. ``status``:
-    the daemon's own per-row status (its resume fold, blank rows already skipped); else the
-    shard's journal is read here."""
-    rows = range(shard.index, lines, shard.count)
+) -> tuple[Any, ShardPlan]:
+    """The rows of ``shard`` still to do (an ascending array), and what its journal says is
+    done. ``status``: the daemon's own per-row status (its resume fold, blank rows already
+    skipped); else the shard's journal is read here."""
     sp = ShardPlan(shard, sizing.Estimate(0, 0, 0, 0, 0))
     if status is not None:
-        sp.saved = sum(1 for i in rows if status[i] == SAVED)
-        sp.failed = sum(1 for i in rows if status[i] == FAILED)
-        return [i for i in rows if status[i] == PENDING], sp
+        own = status[shard.index : lines : shard.count]
+        sp.saved, sp.failed = own.count(SAVED), own.count(FAILED)
+        return _ids_of(own, shard), sp
     view = catalog.read_shard(output, shard)
-    done: set[int] = set()
+    own = bytearray(len(range(shard.index, lines, shard.count)))
+    for i in blank:
+        if shard.owns(i):
+            own[i // shard.count] = SKIPPED
     if view is not None:
-        done = set(view.saved) | view.failed
+        for i in (*view.saved, *view.failed):
+            if i < lines:
+                own[i // shard.count] = SAVED
         sp.saved, sp.failed = len(view.saved), len(view.failed)
         sp.saved_bytes = sum(e.bytes for e in view.saved.values())
         if view.job is not None:
@@ -54,7 +64,28 @@ def _pending(
                     f"its journal holds another job ({', '.join(diffs)} differ): `run` refuses"
                     " to resume it (exit 6) unless --force-resume"
                 )
-    return [i for i in rows if i not in done and i not in blank], sp
+    return _ids_of(own, shard), sp
+
+
+def _ids_of(own: bytearray, shard: Shard) -> Any:
+    """The row ids of a shard's pending rows, from its rows' statuses (in shard order)."""
+    import numpy as np
+
+    at = np.flatnonzero(np.frombuffer(bytes(own), dtype=np.uint8) == PENDING)
+    return at * shard.count + shard.index
+
+
+def choose(every: Any, sample: int, seed: int) -> tuple[list[int], bool]:
+    """The rows to tokenize (ascending): all of ``every`` (the remaining rows, ascending), or
+    a uniform random sample of ``sample`` of them (seeded: two estimates of the same rows
+    agree), and whether it is a sample."""
+    import random
+
+    sampled = 0 < sample < len(every)
+    if not sampled:
+        return [int(i) for i in every], False
+    at = random.Random(seed).sample(range(len(every)), sample)
+    return sorted(int(every[j]) for j in at), True
 
 
 def estimate(
@@ -71,58 +102,87 @@ def estimate(
     on_rows: Callable[[int, int], object] | None = None,
 ) -> tuple[list[ShardPlan], int, bool, float]:
     """Tokenize the remaining rows of ``shards`` (of one shard count; all rows, or a
-    uniform sample of ``sample`` of them) and scale up (``on_rows(rows read, rows
-    tokenized)`` every few hundred rows). Returns (per-shard plans, rows tokenized, whether
-    it was a sample, file bytes per token)."""
-    from transformers import AutoTokenizer
+    uniform sample of ``sample`` of them, each read at its offset where the dataset allows)
+    and scale up (``on_rows(rows tokenized, of how many)`` every few hundred rows, and
+    ``(0, 0)`` before the tokenizer loads). Its cost
+    grows with the sample, not with the dataset: the rows not chosen are not read. Returns
+    (per-shard plans, rows tokenized, whether it was a sample, file bytes per token)."""
+    import numpy as np
 
-    from eagle3d.ingest.chat import ChatEncoder
-    from eagle3d.ingest.dataformats import BadSample, iter_rows, parse_row, unit
+    from eagle3d.ingest.dataformats import rows_at
 
-    fmt = storedtype.get(facts.job.store_dtype)
-    plans, pending = [], {}
+    plans, left = [], {}
+    found = []
     for s in shards:
-        rows, sp = _pending(s, facts.lines, output, facts, blank, status)
-        pending[s] = rows
+        ids, sp = _pending(s, facts.lines, output, facts, blank, status)
+        left[s] = len(ids)
+        found.append(ids)
         plans.append(sp)
-    every = sorted(i for rows in pending.values() for i in rows)
-    sampled = 0 < sample < len(every)
-    chosen = set(random.Random(seed).sample(every, sample)) if sampled else set(every)
+    every = np.sort(np.concatenate(found)) if found else np.zeros(0, np.int64)
+    chosen, sampled = choose(every, sample, seed)
     tallies = {s: sizing.Tally() for s in shards}
-    count, n_layers = shards[0].count, len(facts.layers)
-    rows_iter = iter_rows(cfg.dataset, facts.fmt) if chosen else iter(())
-    if chosen:
-        if on_rows is not None:  # the tokenizer's load takes seconds: said, and a stop seen
-            on_rows(0, 0)
-        tok = AutoTokenizer.from_pretrained(cfg.model)
-        enc = ChatEncoder(tok, max_length=cfg.max_length, on_overflow=cfg.on_overflow)
-    by_shard = {sp.shard: sp for sp in plans}
-    shown = _Progress(len(chosen) if progress else 0)
-    for idx, raw in rows_iter:
-        if on_rows is not None and idx & 1023 == 0:
-            on_rows(idx, shown.n)
-        if idx not in chosen:
-            continue
-        sp = by_shard[Shard(idx % count, count)]
-        try:
-            tok_ = enc.encode(parse_row(idx, raw))
-            t = len(tok_.input_ids)
-            if tok_.truncated:
-                sp.over += 1
-                sp.dropped += tok_.full_length - t
-        except BadSample as bad:
-            t = 0  # never saved: a 0-byte sample
-            _count_bad(sp, bad, unit(facts.fmt))
-        b = sizing.file_bytes(t, facts.hidden_size, n_layers, fmt) if t else 0
-        tallies[sp.shard].add(t, b)
-        shown.step()
-    shown.done()
+    rows = rows_at(cfg.dataset, facts.fmt, chosen, facts.starts, cfg.max_line_bytes)
+    _tokenize(cfg, facts, rows, plans, tallies, len(chosen), progress, on_rows)
     for sp in plans:
-        sp.estimate = sizing.scale(tallies[sp.shard], len(pending[sp.shard]))
-        _scale_rows(sp, tallies[sp.shard].rows, len(pending[sp.shard]))
+        sp.estimate = sizing.scale(tallies[sp.shard], left[sp.shard])
+        _scale_rows(sp, tallies[sp.shard].rows, left[sp.shard])
     tokens = sum(t.tokens for t in tallies.values())
     per_token = sum(t.bytes for t in tallies.values()) / tokens if tokens else 0.0
     return plans, len(chosen), sampled, per_token
+
+
+def _tokenize(
+    cfg: config.JobConfig,
+    facts: job.JobFacts,
+    rows: Iterator[tuple[int, Any]],
+    plans: list[ShardPlan],
+    tallies: dict[Shard, sizing.Tally],
+    total: int,
+    show: bool,
+    on_rows: Callable[[int, int], object] | None,
+) -> None:
+    """Tokenize ``rows`` (``total`` of them) as the feeder does (its encoder: loaded once a
+    process), each into its shard's tally; ``show``: a progress line on stderr."""
+    from eagle3d.ingest.chat import encoder
+
+    first = next(rows, None)
+    if first is None:
+        return
+    if on_rows is not None:  # the tokenizer's load takes seconds: said, and a stop seen
+        on_rows(0, 0)
+    enc = encoder(cfg.model, cfg.max_length, cfg.on_overflow)
+    by_shard = {sp.shard: sp for sp in plans}
+    count = plans[0].shard.count
+    shown = _Progress(total if show else 0)
+    for idx, raw in itertools.chain([first], rows):
+        if on_rows is not None and shown.n & 255 == 0:
+            on_rows(shown.n, total)
+        sp = by_shard[Shard(idx % count, count)]
+        t = _tokens(enc, idx, raw, sp, facts)
+        b = sizing.file_bytes(t, facts.hidden_size, len(facts.layers), _format(facts)) if t else 0
+        tallies[sp.shard].add(t, b)
+        shown.step()
+    shown.done()
+
+
+def _format(facts: job.JobFacts) -> storedtype.StoreFormat:
+    return storedtype.get(facts.job.store_dtype)
+
+
+def _tokens(enc: Any, idx: int, raw: Any, sp: ShardPlan, facts: job.JobFacts) -> int:
+    """The tokens row ``idx`` makes a sample of (0: none, the row refused, counted on
+    ``sp``; a row cut at ``max_length`` counted there too)."""
+    from eagle3d.ingest.dataformats import BadSample, parse_row, unit
+
+    try:
+        tok = enc.encode(parse_row(idx, raw))
+    except BadSample as bad:
+        _count_bad(sp, bad, unit(facts.fmt))
+        return 0
+    if tok.truncated:
+        sp.over += 1
+        sp.dropped += tok.full_length - len(tok.input_ids)
+    return len(tok.input_ids)
 
 
 #: The first invalid rows a plan names.
@@ -246,4 +306,4 @@ def _cpus() -> int:
         return os.cpu_count() or 1
 
 
-__all__ = ["PlanReport", "ShardPlan", "check_run", "estimate", "plan_report"]
+__all__ = ["PlanReport", "ShardPlan", "check_run", "choose", "estimate", "plan_report"]

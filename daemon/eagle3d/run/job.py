@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from eagle3proto import events as ev
@@ -51,6 +52,8 @@ class JobFacts:
     pin: Pin | None = None  # the dataset as found at the start
     capture: dict[str, Any] | None = None  # the capture contract (eagle3d.run.capture)
     inherited: int = 0  # rows of this shard another layout's journal settled: not in total
+    starts: Any = None  # each row's byte offset (an uncompressed JSONL file), for sampling
+    all_blank: list[int] = field(default_factory=list)  # every shard's blank ids
 
 
 def describe(
@@ -72,10 +75,11 @@ def describe(
         pinned = pin.take(cfg.dataset, _pinning(stages))
         fmt = dataformats.detect(cfg.dataset)
         counting = _counting(stages, pinned.size if fmt.name == "jsonl" else 0)
-        lines, blank_ids = dataformats.count(cfg.dataset, fmt, pinned, cfg.max_line_bytes, counting)
+        found = dataformats.index(cfg.dataset, fmt, pinned, cfg.max_line_bytes, counting)
     except pin.DatasetChanged as e:
         raise Fatal(EXIT_FINGERPRINT, f"{e}; the run did not start") from e
-    blank = [i for i in blank_ids if shard.owns(i)]
+    lines = found.rows
+    blank = [i for i in found.blank if shard.owns(i)]
     with open(os.path.join(cfg.model, "config.json"), "rb") as f:
         raw = f.read().decode(errors="replace")
     model_sha = config.fingerprint({"config": raw})
@@ -114,7 +118,9 @@ def describe(
     total = len(range(shard.index, lines, shard.count)) - len(blank)
     contract = capture.contract(cfg, recipe, layers, source, store.name)
     hidden = int(mcfg["hidden_size"])
-    return JobFacts(job, total, lines, hidden, layers, blank, fmt, pinned, contract)
+    facts = JobFacts(job, total, lines, hidden, layers, blank, fmt, pinned, contract)
+    facts.starts, facts.all_blank = found.starts, found.blank
+    return facts
 
 
 def _pinning(stages: StartStages | None) -> Callable[[int, int], object] | None:
@@ -128,7 +134,16 @@ def _counting(stages: StartStages | None, total: int) -> Callable[[int, int], ob
     not the file's)."""
     if stages is None:
         return None
-    return lambda rows, done: stages.progress(rows, done, total, "counting rows")
+    from eagle3d.remote import faults
+
+    slow = faults.armed("count_slow")
+
+    def counting(rows: int, done: int) -> None:
+        stages.progress(rows, done, total, "counting rows")
+        if slow is not None:
+            time.sleep(slow.n / 1000)
+
+    return counting
 
 
 def check_fingerprint(last: ev.RunStarted | None, job: ev.JobInfo, force: bool, output: str) -> str:

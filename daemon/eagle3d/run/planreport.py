@@ -151,8 +151,10 @@ class PlanReport:
 
     def __str__(self) -> str:
         z = sizing.size
+        left = sum(s.estimate.rows for s in self.shards)
         how = (
-            f"a uniform sample of {self.tokenized:,} rows (95 % bounds shown)"
+            f"a uniform random sample of {self.tokenized:,} of the {left:,} remaining rows"
+            " (95 % bounds shown)"
             if self.sampled
             else f"all {self.tokenized:,} remaining rows"
         )

@@ -6,7 +6,10 @@ on this shard's pending rows as the resumed journal says; ``--no-space-check`` s
 First, the ceiling: with a ``max_length``, no sample holds more tokens, so the pending rows at
 that length bound what the run writes. When even that fits, nothing is tokenized (the check
 then costs a ``statvfs``, not a pass of the tokenizer over up to 20,000 rows before the first
-request: the start of a short job). Otherwise the estimate decides."""
+request: the start of a short job). Otherwise the estimate decides: every remaining row
+tokenized, or past ``plan``'s ``--sample`` default (20,000) a seeded uniform random sample of
+them, each read at its offset (no other row is read), so that its cost is the sample's, not
+the job's. The log line and the refusal say which, and a sample's 95 % margin."""
 
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from eagle3d import config
 from eagle3d.core.sample import PENDING
 from eagle3d.exitcodes import EXIT_SPACE, Fatal
 from eagle3d.run import job
+from eagle3d.run.planreport import PlanReport
 from eagle3d.run.stages import StartStages, StartStopped
 
 log = logging.getLogger("eagle3d")
@@ -41,13 +45,12 @@ def check_space(
         return
     on_rows = None
     if stages is not None:
-        lines = facts.lines
 
-        def on_rows(read: int, tokenized: int) -> None:
-            if not read:
+        def on_rows(tokenized: int, of: int) -> None:
+            if not of:
                 stages.progress(what="loading the tokenizer")
                 return
-            stages.progress(read, 0, 0, f"{tokenized:,} rows tokenized, read", lines)
+            stages.progress(tokenized, 0, 0, "rows tokenized", of)
 
     try:
         report = estimate.check_run(cfg, facts, shard, output, status, on_rows)
@@ -56,26 +59,37 @@ def check_space(
     except Exception as e:  # the check must never be why a job cannot start
         log.warning("space check skipped: %s: %s", type(e).__name__, e)
         return
-    need = sizing.size(report.bytes)
+    need = f"{sizing.size(report.bytes)}{margin(report)} still to write ({how(report)})"
     if report.disk is None:
         log.warning("space check skipped: free space of %s unknown", output)
     elif report.fits is False:
         raise Fatal(
             EXIT_SPACE,
-            f"the job does not fit: {need} still to write, {sizing.size(report.disk.free)}"
+            f"the job does not fit: {need}, {sizing.size(report.disk.free)}"
             f" free on {report.disk.path}, reserve {sizing.size(report.reserve)}"
             " (eagle3d plan with the same arguments says more; --no-space-check"
             " starts anyway, and the run pauses when the disk is full)",
         )
     else:
-        how = f"a sample of {report.tokenized:,} rows" if report.sampled else "every row"
-        log.info(
-            "space: %s still to write (from %s), %s free on %s",
-            need,
-            how,
-            sizing.size(report.disk.free),
-            report.disk.path,
+        log.info("space: %s, %s free on %s", need, sizing.size(report.disk.free), report.disk.path)
+
+
+def margin(report: PlanReport) -> str:
+    """`` ± 1.20 GB (95 %)`` for a sampled estimate ('' when every row was tokenized)."""
+    from eagle3d.store import sizing
+
+    return f" ± {sizing.size(report.bound)} (95 %)" if report.sampled else ""
+
+
+def how(report: PlanReport) -> str:
+    """How the estimate was made, in words: every remaining row tokenized, or a sample."""
+    left = sum(s.estimate.rows for s in report.in_scope)
+    if report.sampled:
+        return (
+            f"estimated from a uniform random sample of {report.tokenized:,} of the {left:,}"
+            " rows still to do, tokenized"
         )
+    return f"from every row: all {left:,} still to do, tokenized"
 
 
 def fits_at_most(
@@ -92,8 +106,7 @@ def fits_at_most(
         disk = sizing.free_space(output)
     except OSError:
         return False
-    rows = range(shard.index, len(status), shard.count)
-    pending = sum(1 for i in rows if status[i] == PENDING)
+    pending = status[shard.index :: shard.count].count(PENDING)
     fmt = storedtype.get(facts.job.store_dtype)
     try:
         each = sizing.file_bytes_at_most(cfg.max_length, facts.hidden_size, len(facts.layers), fmt)
@@ -125,4 +138,4 @@ def reserve_bytes(cfg: config.JobConfig) -> int:
         return -1
 
 
-__all__ = ["check_space", "fits_at_most", "reserve_bytes"]
+__all__ = ["check_space", "fits_at_most", "how", "margin", "reserve_bytes"]

@@ -57,9 +57,7 @@ def make_plan(
     own = cfg.shard_spec()
     output = os.path.abspath(cfg.output)
     facts = job.describe(cfg, own, output)
-    from eagle3d.ingest import dataformats
-
-    _, blank_ids = dataformats.count(cfg.dataset, facts.fmt)
+    blank_ids = facts.all_blank
     shards = [Shard(i, own.count) for i in range(own.count)]
     found = estimate(
         cfg, facts, shards, output, blank=set(blank_ids), sample=sample, seed=seed, progress=True

@@ -9,8 +9,13 @@ sessions (restarts) and how each ended. ``--json`` prints the same as one docume
 plots (:mod:`eagle3d.tools.reporthtml`, plotly with its JavaScript inlined).
 
 Reads the journals read-only (:func:`eagle3proto.journalread.replay`, folded by
-:class:`eagle3d.tools.story.ShardStory`), so a running daemon is never disturbed. Exit
-status: 0; 3 when the output holds no journal.
+:class:`eagle3d.tools.story.ShardStory`), so a running daemon is never disturbed. The story
+(every session, pause, failure message, the timeline) is no part of the state checkpoint,
+so the full report reads the whole journal, saying how far it is every few seconds;
+``--summary`` prints only what the reducer's state holds (counts, times, failures by reason)
+from the checkpoint beside the journal and the tail after it, as ``eagle3-top --once`` does
+(a damaged checkpoint is named on stderr and the whole journal read). Exit status: 0; 3 when
+the output holds no journal; 2 for ``--summary`` with ``--html``.
 """
 
 from __future__ import annotations
@@ -21,9 +26,11 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from eagle3proto import layouts, paths
+from eagle3proto import checkpoint, layouts, paths, reducer
+from eagle3proto import events as ev
 from eagle3proto.journalread import replay
 from eagle3proto.units import duration, rate, size
 
@@ -33,13 +40,19 @@ from eagle3d.tools.story import Pause, ShardStory, by_reason
 log = logging.getLogger("eagle3d")
 
 
-def read(output: str) -> list[ShardStory]:
-    """Every shard's story under ``output`` (empty: no journal)."""
+def read(output: str, *, summary: bool = False) -> list[ShardStory]:
+    """Every shard's story under ``output`` (empty: no journal). With ``summary`` only the
+    reducer's state is folded: from the shard's checkpoint and the journal's tail after it
+    (the whole journal when there is none, or it is refused: said on stderr); the story's
+    sessions, pauses, failure messages and points are then left empty."""
     stories = []
     for shard, jdir in paths.shard_dirs(output):
         st = ShardStory(shard.name)
-        rep = replay(jdir, st.feed)
-        st.problems += [p.describe() for p in rep.problems]
+        if summary:
+            _fold_tail(st, jdir)
+        else:
+            rep = replay(jdir, _Progress(st.name, st.feed).feed)
+            st.problems += [p.describe() for p in rep.problems]
         stories.append(st)
     # A journal closed by a change of the shard count counts what it settled; the rest of
     # its rows went to the current layout (eagle3proto.layouts, docs/slurm.md).
@@ -53,6 +66,49 @@ def read(output: str) -> list[ShardStory]:
         if st.closed_by:
             st.state = layouts.closed_view(st.state, current)
     return stories
+
+
+def _fold_tail(st: ShardStory, jdir: str) -> None:
+    """``st.state`` from the shard's checkpoint and the journal after it (as ``--once``)."""
+    loaded = checkpoint.load(jdir)
+    ck = loaded.checkpoint
+    if ck is not None:
+        st.state = ck.state
+    elif not loaded.missing:
+        log.warning("%s", loaded.note)
+    state = st.state
+
+    def fold(batch: list[ev.AnyEvent]) -> None:
+        reducer.apply_all(state, batch)
+
+    rep = replay(jdir, fold, None if ck is None else ck.position)
+    st.problems += [p.describe() for p in rep.problems]
+    st.problems += state.recovered
+
+
+class _Progress:
+    """A replay's sink that says on stderr, every few seconds, how far it has read (the whole
+    journal is read: at a million samples that takes a while)."""
+
+    EVERY_S = 5.0
+
+    def __init__(self, name: str, sink: Callable[[list[ev.AnyEvent]], None]) -> None:
+        self.name, self.sink, self.records = name, sink, 0
+        self.t0 = self.last = time.monotonic()
+
+    def feed(self, batch: list[ev.AnyEvent]) -> None:
+        self.sink(batch)
+        self.records += len(batch)
+        now = time.monotonic()
+        if now - self.last >= self.EVERY_S:
+            self.last = now
+            log.info(
+                "report: %s: %s records of the journal read, %.0f s (the story needs them"
+                " all; --summary reads the checkpoint and the tail)",
+                self.name,
+                f"{self.records:,}",
+                now - self.t0,
+            )
 
 
 def _times(st: ShardStory) -> dict[str, Any]:
@@ -108,13 +164,34 @@ def shard_doc(st: ShardStory) -> dict[str, Any]:
     }
 
 
+#: shard_doc's keys that only the whole journal gives (not in a ``--summary``).
+STORY_KEYS = ("paused_s", "pauses", "sessions", "restarts")
+
+
+def summary_doc(st: ShardStory) -> dict[str, Any]:
+    """:func:`shard_doc`'s figures that the reducer's state holds (``--summary``): the
+    failures by reason from its failed rows, no sessions, pauses or paused time."""
+    d = {k: v for k, v in shard_doc(st).items() if k not in STORY_KEYS}
+    d["failures_by_reason"] = _reasons(st.state.failed_idx.values())
+    return d
+
+
+def _reasons(reasons: Iterable[str]) -> dict[str, int]:
+    """Counts by reason, the largest first (as :func:`eagle3d.tools.story.by_reason`)."""
+    by: dict[str, int] = {}
+    for r in reasons:
+        by[r] = by.get(r, 0) + 1
+    return dict(sorted(by.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
 def _pause_s(st: ShardStory, p: Pause) -> float:
     return round((p.end if p.end is not None else st.last_ts) - p.start, 3)
 
 
-def document(output: str, stories: list[ShardStory]) -> dict[str, Any]:
-    """The ``--json`` document."""
-    shards = [shard_doc(st) for st in stories]
+def document(output: str, stories: list[ShardStory], summary: bool = False) -> dict[str, Any]:
+    """The ``--json`` document (``summary``: the figures of :func:`summary_doc`, no list of
+    failures)."""
+    shards = [summary_doc(st) if summary else shard_doc(st) for st in stories]
     keys = ("saved", "failed", "truncated", "tokens_dropped", "left", "tokens", "bytes")
     total: dict[str, Any] = {k: sum(d[k] for d in shards) for k in keys}
     totals = [d["total"] for d in shards]
@@ -127,6 +204,10 @@ def document(output: str, stories: list[ShardStory]) -> dict[str, Any]:
     total["working_s"] = max((d["working_s"] for d in shards), default=0.0)
     for k in ("rate_samples_s", "rate_tokens_s", "rate_bytes_s"):
         total[k] = round(sum(d[k] for d in shards), 4)
+    if summary:
+        reasons = [r for st in stories for r in st.state.failed_idx.values()]
+        total["failures_by_reason"] = _reasons(reasons)
+        return {"output": output, "summary": True, "total": total, "shards": shards}
     total["restarts"] = sum(d["restarts"] for d in shards)
     failures: list[dict[str, Any]] = [
         {
@@ -140,10 +221,7 @@ def document(output: str, stories: list[ShardStory]) -> dict[str, Any]:
         for st in stories
         for f in sorted(st.failures.values(), key=lambda f: f.idx)
     ]
-    by: dict[str, int] = {}
-    for f in failures:
-        by[f["reason"]] = by.get(f["reason"], 0) + 1
-    total["failures_by_reason"] = dict(sorted(by.items(), key=lambda kv: (-kv[1], kv[0])))
+    total["failures_by_reason"] = _reasons(f["reason"] for f in failures)
     return {
         "output": output,
         "total": total,
@@ -198,6 +276,15 @@ def text(doc: dict[str, Any], stories: list[ShardStory]) -> str:
                 f" ({duration(_pause_s(st, p))}): {p.cause}"
             )
         out.extend(f"{st.name} journal: {p}" for p in st.problems)
+    if doc.get("summary"):
+        counts = ", ".join(f"{k} {n:,}" for k, n in doc["total"]["failures_by_reason"].items())
+        out.append(f"failures by reason: {counts or 'none'}")
+        out.append(
+            "(a summary, from the checkpoint and the journal's tail: the sessions, pauses and"
+            " every failure's message need the whole journal, read by eagle3d report without"
+            " --summary)"
+        )
+        return "\n".join(out) + "\n"
     failures = doc["failures"]
     if failures:
         counts = ", ".join(f"{k} {n:,}" for k, n in doc["total"]["failures_by_reason"].items())
@@ -229,6 +316,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("-o", "--output", required=True, help="the job's output directory")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.add_argument(
+        "--summary",
+        action="store_true",
+        help="the counts, times and failures by reason only, from the state checkpoint and"
+        " the journal's tail (fast at any size); without it the whole journal is read (the"
+        " sessions, pauses, every failure's message and the timeline need it all)",
+    )
+    p.add_argument(
         "--html",
         metavar="FILE",
         help="also write one self-contained HTML page with plots to FILE (needs plotly:"
@@ -242,11 +336,14 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     setup_logging()
     output = os.path.abspath(args.output)
-    stories = read(output)
+    if args.summary and args.html:
+        log.error("--html plots the whole journal's timeline: not with --summary")
+        return EXIT_CONFIG
+    stories = read(output, summary=args.summary)
     if not stories:
         log.error("%s: no journal (no job has run into this output)", output)
         return EXIT_INPUT
-    doc = document(output, stories)
+    doc = document(output, stories, args.summary)
     if args.html:
         from eagle3d.tools import reporthtml
 
