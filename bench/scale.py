@@ -15,8 +15,16 @@ SIGKILL at ``--kills`` random points and started again until it finishes. Then:
   seconds over ``--tui-seconds``;
 * ``eagle3d verify``: MB/s and peak RSS, against ``cat`` reading the same files
   (``xargs cat > /dev/null`` over the journal's list of paths, no tree walk) just before;
-* ``eagle3d export --format specforge`` and ``speculators`` of the whole job: samples/s and
-  peak RSS;
+* ``eagle3d export --format specforge``, then ``speculators``, of the job's own output, each
+  stopped with SIGINT after ``--export-seconds`` (180) unless it ends first (an export resumes
+  after any stop), so the two take under ~7 min at any N: samples/s over the span from its
+  first sample (the export's own progress line: the steady per-sample rate), the wait before
+  the first sample per job sample (the journals' two passes, O(N)), and peak RSS at the end
+  or the stop (by then the whole job's catalog is in memory: the part that grows with N).
+  Each row says "whole" (the export ended by itself, index files written) or "prefix a/b"
+  (samples exported at the baseline / at N before the stop). On a quiet machine specforge
+  (hard links, ~8k samples/s) is whole even at 1M; speculators (a copy in another layout,
+  ~700 samples/s) is a prefix from ~100k on;
 * the journal's and the checkpoint's bytes.
 
 The result is each figure's ratio to the baseline's (per sample where the figure grows with N
@@ -32,10 +40,13 @@ import argparse
 import json
 import os
 import random
+import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -235,24 +246,60 @@ def verify_vs_cat(out: Path) -> dict[str, float]:
     }
 
 
-def export(out: Path) -> dict[str, float]:
-    """export --format specforge of the whole job (its N samples: a job of another size
-    would say nothing of N), then --format speculators, the format with an index."""
+#: A progress line of ``eagle3d export`` (not on a terminal: one every 2 s, and the last).
+_PROGRESS = re.compile(r"export: ([\d,]+)/([\d,]+) samples .* ([\d,.]+) samples/s")
+
+
+def export(out: Path, seconds: float) -> dict[str, float]:
+    """``eagle3d export`` of the job's own output in ``specforge`` then ``speculators``, each
+    stopped with SIGINT after ``seconds`` if it has not ended (an export resumes after any
+    stop; a job of another size would say nothing of N). Per format: the samples exported
+    and their rate over the span from the first sample (the export's own progress line),
+    the seconds before the first sample (the journals' two passes), peak RSS at the end or
+    the stop (the whole catalog is read by then: what grows with N), and ``whole`` (1: the
+    export ended by itself, its index files written; 0: a prefix)."""
     res: dict[str, float] = {}
     for fmt in ("specforge", "speculators"):
         dest = out.parent / f"{out.name}-exported-{fmt}"
         shutil.rmtree(dest, ignore_errors=True)
         argv = [PY, "-m", "eagle3d", "export", "-o", str(out), "--format", fmt, "--to", str(dest)]
-        t0 = time.perf_counter()
-        proc = subprocess.Popen([*argv, "--json"], stdout=subprocess.PIPE, env=ENV)
-        doc = json.loads(proc.stdout.read() if proc.stdout else b"{}")
-        rc, _cpu, rss = waited(proc)
-        s = time.perf_counter() - t0
+        one = _bounded_export([*argv, "--progress"], seconds)
         shutil.rmtree(dest, ignore_errors=True)
         key = "" if fmt == "specforge" else f"{fmt}_"
-        res[f"{key}rc"], res[f"{key}rss"] = rc, rss
-        res[f"{key}samples_s"] = doc.get("exported", 0) / s
+        res.update({f"{key}{k}": v for k, v in one.items()})
     return res
+
+
+def _bounded_export(argv: list[str], seconds: float) -> dict[str, float]:
+    """Run one export, SIGINT after ``seconds``; its figures from its progress lines."""
+    lines: list[tuple[float, str]] = []
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=ENV)
+
+    def read() -> None:
+        assert proc.stderr is not None
+        for raw in proc.stderr:
+            lines.append((time.perf_counter() - t0, raw.decode(errors="replace")))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    whole = 1.0
+    while True:  # wait4 (not Popen.poll, which reaps without the rusage)
+        pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        if whole and time.perf_counter() - t0 > seconds:
+            proc.send_signal(signal.SIGINT)
+            whole = 0.0
+        time.sleep(0.2)
+    rc, rss = os.waitstatus_to_exitcode(status), ru.ru_maxrss * 1024
+    proc.returncode = rc
+    reader.join(timeout=10)
+    got = [(t, m) for t, line in lines if (m := _PROGRESS.search(line))]
+    first = got[0][0] if got else float("nan")
+    n = int(got[-1][1].group(1).replace(",", "")) if got else 0
+    rate = float(got[-1][1].group(3).replace(",", "")) if got else 0.0
+    return {"rc": rc, "rss": rss, "samples": n, "samples_s": rate, "first_s": first, "whole": whole}
 
 
 def measure(n: int, args: argparse.Namespace, model: Path) -> dict[str, Any]:
@@ -318,7 +365,7 @@ def measure_output(
     res["verify"] = verify_vs_cat(out)
     if "export" not in args.skip:
         print("  export", flush=True)
-        res["export"] = export(out)
+        res["export"] = export(out, args.export_seconds)
     print(json.dumps(res, indent=1), flush=True)
     return res
 
@@ -353,7 +400,7 @@ def ratios(base: dict[str, Any], big: dict[str, Any]) -> list[tuple[str, float, 
         ("verify MB/s", base["verify"]["mb_s"], big["verify"]["mb_s"]),
         ("verify / cat", base["verify"]["of_cat"], big["verify"]["of_cat"]),
         ("verify peak RSS MB", base["verify"]["rss"] / 1e6, big["verify"]["rss"] / 1e6),
-        *_export_rows(base.get("export", {}), big.get("export", {})),
+        *_export_rows(base.get("export", {}), big.get("export", {}), nb, nn),
         ("journal bytes / sample", base["journal_bytes"] / nb, big["journal_bytes"] / nn),
         ("checkpoint KB", base["checkpoint_bytes"] / 1e3, big["checkpoint_bytes"] / 1e3),
     ]
@@ -364,15 +411,32 @@ def ratios(base: dict[str, Any], big: dict[str, Any]) -> list[tuple[str, float, 
     ]
 
 
-def _export_rows(a: dict[str, float], b: dict[str, float]) -> list[tuple[str, Any, Any]]:
-    """The export's rows of :func:`ratios` (none where the export was skipped)."""
-    if not a or not b:
+def _export_rows(
+    base: dict[str, float], big: dict[str, float], nb: int, nn: int
+) -> list[tuple[str, float, float]]:
+    """The export's figures, each format's label saying whether it is the whole job's or a
+    prefix's (stopped after ``--export-seconds``: "prefix a/b" of the baseline / at N); the
+    wait for the first sample (the journals' passes, O(N)) per sample of the job. None
+    where the export was skipped."""
+    if not base or not big:
         return []
-    return [
-        ("export samples/s", a["samples_s"], b["samples_s"]),
-        ("export peak RSS MB", a["rss"] / 1e6, b["rss"] / 1e6),
-        ("export speculators peak RSS MB", a["speculators_rss"] / 1e6, b["speculators_rss"] / 1e6),
-    ]
+    rows = []
+    for fmt, key in (("specforge", ""), ("speculators", "speculators_")):
+        span = (
+            "whole"
+            if base[f"{key}whole"] and big[f"{key}whole"]
+            else (f"prefix {base[f'{key}samples']:,.0f}/{big[f'{key}samples']:,.0f}")
+        )
+        rows += [
+            (f"export {fmt} samples/s ({span})", base[f"{key}samples_s"], big[f"{key}samples_s"]),
+            (f"export {fmt} peak RSS MB ({span})", base[f"{key}rss"] / 1e6, big[f"{key}rss"] / 1e6),
+            (
+                f"export {fmt} µs / job sample before the first",
+                1e6 * base[f"{key}first_s"] / nb,
+                1e6 * big[f"{key}first_s"] / nn,
+            ),
+        ]
+    return rows
 
 
 def resume_after_repair(model: Path, data: Path, out: Path, n: int) -> dict[str, Any]:
@@ -476,6 +540,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", default="/tmp/e3d-scale")
     ap.add_argument("--tui-seconds", type=float, default=10.0)
     ap.add_argument("--json", default="")
+    ap.add_argument(
+        "--export-seconds",
+        type=float,
+        default=180.0,
+        help="each export format's span before SIGINT (a prefix of the job, said in the table)",
+    )
     ap.add_argument(
         "--partial",
         default="",

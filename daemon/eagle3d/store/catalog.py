@@ -7,14 +7,19 @@ it back, a failure after a save does not. Each committed sample carries the stor
 of the session that saved it (``job.store_dtype`` of the ``run_started`` before it), so a
 reader knows how to load it without opening it first.
 
-The reader's :class:`~eagle3d.reader.HiddenStates` dataset, ``eagle3d export`` and
-``eagle3d plan`` (what a resumed job still has to write) read outputs through this module.
+The reader's :class:`~eagle3d.reader.HiddenStates` dataset and ``eagle3d plan`` (what a
+resumed job still has to write) read outputs through :func:`read`, which keeps every committed
+sample's :class:`Entry`. ``eagle3d export`` reads them through :func:`scan`, in two passes
+over the journals and a few bytes a sample (:class:`Counted`), as ``eagle3d verify`` does.
 Pure Python (no torch).
 """
 
 from __future__ import annotations
 
 import os
+import zlib
+from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from eagle3proto import events as ev
@@ -49,6 +54,15 @@ class ShardView:
     problems: list[str] = field(default_factory=list)
     fatal: bool = False  # the replay stopped before the end (records after it unread)
 
+    def session(self, e: ev.RunStarted | ev.RunFinished) -> None:
+        """A session's start or end."""
+        if isinstance(e, ev.RunStarted):
+            self.job = e.job
+            self.total = e.total
+            self.finished = False
+        else:
+            self.finished = True
+
     def sink(self, batch: list[ev.AnyEvent]) -> None:
         store = self.job.store_dtype if self.job is not None else ""
         for e in batch:
@@ -67,28 +81,18 @@ class ShardView:
                 else:
                     self.failed.add(e.idx)
             elif isinstance(e, ev.RunStarted):
-                self.job = e.job
                 store = e.job.store_dtype
-                self.total = e.total
-                self.finished = False
+                self.session(e)
             elif isinstance(e, ev.RunFinished):
-                self.finished = True
+                self.session(e)
 
 
 @dataclass(slots=True)
-class Catalog:
-    """Every shard of an output, folded. :attr:`entries` are the committed samples of all
-    shards in sample-id order."""
+class _Shards:
+    """What every fold of an output's shards says of the output as a whole."""
 
     output: str
     shards: list[ShardView] = field(default_factory=list)
-
-    @property
-    def entries(self) -> list[Entry]:
-        merged: dict[int, Entry] = {}
-        for s in self.shards:
-            merged.update(s.saved)
-        return [merged[i] for i in sorted(merged)]
 
     @property
     def job(self) -> ev.JobInfo | None:
@@ -108,6 +112,126 @@ class Catalog:
         return os.path.join(self.output, entry.path)
 
 
+@dataclass(slots=True)
+class Catalog(_Shards):
+    """Every shard of an output, folded. :attr:`entries` are the committed samples of all
+    shards in sample-id order."""
+
+    @property
+    def entries(self) -> list[Entry]:
+        merged: dict[int, Entry] = {}
+        for s in self.shards:
+            merged.update(s.saved)
+        return [merged[i] for i in sorted(merged)]
+
+
+def checksum_key(checksum: str) -> int:
+    """A journal checksum (``crc32:%08x``) as the 32-bit number it writes; any other
+    spelling as the CRC-32 of its text."""
+    if checksum.startswith("crc32:") and len(checksum) == 14:
+        try:
+            return int(checksum[6:], 16)
+        except ValueError:
+            pass
+    return zlib.crc32(checksum.encode())
+
+
+class Counted:
+    """Sample id -> the ``sample_saved`` record that counts (the latest of the last shard
+    that saved it, unless a ``sample_invalid`` followed): its shard's ordinal (1-based; 0:
+    none) and the low 32 bits of its ``seq``. 5 bytes a sample in two arrays (6 past 255
+    shards), grown as ids appear; no record is kept."""
+
+    def __init__(self, shards: int = 1) -> None:
+        self.owners = array("B" if shards < 256 else "H")
+        self.seqs = array("I")
+
+    def _grow(self, idx: int) -> None:
+        n = idx + 1 - len(self.owners)
+        if n > 0:
+            n = max(n, len(self.owners) >> 3)  # amortized: an eighth more at a time
+            self.owners.frombytes(bytes(self.owners.itemsize * n))
+            self.seqs.frombytes(bytes(4 * n))
+
+    def set(self, idx: int, ordinal: int, seq: int) -> None:
+        self._grow(idx)
+        self.owners[idx] = ordinal
+        self.seqs[idx] = seq & 0xFFFFFFFF
+
+    def owner(self, idx: int) -> int:
+        return self.owners[idx] if idx < len(self.owners) else 0
+
+    def counts(self, idx: int, ordinal: int, seq: int) -> bool:
+        """Is this record (of shard ``ordinal``) the one that counts for sample ``idx``?"""
+        return self.owner(idx) == ordinal and self.seqs[idx] == seq & 0xFFFFFFFF
+
+    def committed(self) -> int:
+        """How many samples have a record that counts."""
+        return len(self.owners) - self.owners.count(0)
+
+
+class _CountFold:
+    """Pass 1 over one shard's journal for :func:`scan`: its sessions into ``view``, its
+    commits into ``index``."""
+
+    def __init__(self, view: ShardView, ordinal: int, index: Counted) -> None:
+        self.view = view
+        self.ordinal = ordinal
+        self.index = index
+
+    def sink(self, batch: list[ev.AnyEvent]) -> None:
+        index, ordinal = self.index, self.ordinal
+        for e in batch:
+            if isinstance(e, ev.SampleSaved):
+                index.set(e.idx, ordinal, e.seq)
+            elif isinstance(e, ev.SampleInvalid):
+                if index.owner(e.idx) == ordinal:
+                    index.set(e.idx, 0, 0)
+            elif isinstance(e, ev.RunStarted | ev.RunFinished):
+                self.view.session(e)
+
+
+@dataclass(slots=True)
+class Streamed(_Shards):
+    """Every shard of an output folded to a few bytes a committed sample (:func:`scan`):
+    :attr:`index` says which record of each sample counts (the shards' ``saved`` stay
+    empty); :meth:`each` reads the journals again for those records."""
+
+    dirs: list[str] = field(default_factory=list)  # each shard's journal directory
+    index: Counted = field(default_factory=Counted)
+
+    def each(self, fn: Callable[[Entry], None]) -> int:
+        """Call ``fn`` with each committed sample's :class:`Entry`, in journal order (shard
+        by shard); how many. Records appended since :func:`scan` are not among them."""
+        n = 0
+        for ordinal, jdir in enumerate(self.dirs, start=1):
+            fold = _EntryFold(self.index, ordinal, fn)
+            replay(jdir, fold.sink)
+            n += fold.n
+        return n
+
+
+class _EntryFold:
+    """Pass 2 over one shard's journal for :meth:`Streamed.each`."""
+
+    def __init__(self, index: Counted, ordinal: int, fn: Callable[[Entry], None]) -> None:
+        self.index = index
+        self.ordinal = ordinal
+        self.fn = fn
+        self.store = ""  # the storage dtype of the session the records are of
+        self.n = 0
+
+    def sink(self, batch: list[ev.AnyEvent]) -> None:
+        for e in batch:
+            if isinstance(e, ev.RunStarted):
+                self.store = e.job.store_dtype
+            elif isinstance(e, ev.SampleSaved) and self.index.counts(e.idx, self.ordinal, e.seq):
+                self.n += 1
+                self.fn(
+                    Entry(e.idx, e.path, e.bytes, e.tokens, e.checksum, self.store, e.truncated)
+                )
+
+
 class NoJournal(FileNotFoundError):
     """The directory holds no eagle3d journal."""
 
@@ -125,6 +249,24 @@ def read(output: str) -> Catalog:
         view.problems = [p.describe() for p in rep.problems]
         view.fatal = rep.stopped_early
         cat.shards.append(view)
+    return cat
+
+
+def scan(output: str) -> Streamed:
+    """Pass 1 over the journals of ``output`` (:class:`Streamed`). Raises NoJournal when
+    there are none."""
+    out = os.path.abspath(output)
+    dirs = paths.shard_dirs(out)
+    if not dirs:
+        raise NoJournal(f"no eagle3d journal under {out}/{paths.STATE_DIR}")
+    cat = Streamed(out, index=Counted(len(dirs)))
+    for ordinal, (shard, jdir) in enumerate(dirs, start=1):
+        view = ShardView(shard)
+        rep = replay(jdir, _CountFold(view, ordinal, cat.index).sink)
+        view.problems = [p.describe() for p in rep.problems]
+        view.fatal = rep.stopped_early
+        cat.shards.append(view)
+        cat.dirs.append(jdir)
     return cat
 
 

@@ -2,7 +2,10 @@
 
 Writes every committed sample of ``OUT`` (as its journals list them, :mod:`eagle3d.store.catalog`;
 never a directory listing) into ``DIR`` in a trainer's own format (:mod:`eagle3d.tools.exporters`),
-exactly once, resumable after a kill at any instant.
+exactly once, resumable after a kill at any instant. Its memory is a few numbers a sample,
+in arrays by sample id: the journals are read twice (:func:`eagle3d.store.catalog.scan`:
+which record of each sample counts, then those records, exported as they come, in journal
+order), and the manifest below is kept as each sample's row and source checksum.
 
 ``DIR/.eagle3d-export/`` holds the export's own state:
 
@@ -166,14 +169,17 @@ WINDOW = 4 << 20
 
 
 class Manifest:
-    """``done.e3x``: the exported samples, latest record per sample wins. In memory: each
-    sample's record without its ids and mask, and where each row's latest record lies in
-    the file (:meth:`rows` reads them back from there, one at a time)."""
+    """``done.e3x``: the exported samples, latest record per sample wins. In memory, in
+    arrays (12 bytes a sample; 16 once the file passes 4 GiB): each sample id's row ``k``
+    (-1: not exported) and its source's :func:`~eagle3d.store.catalog.checksum_key`, and
+    where each row's latest record lies in the file (:meth:`record` and :meth:`rows` read
+    records back from there)."""
 
     def __init__(self, state_dir: str) -> None:
         self.path = os.path.join(state_dir, "done.e3x")
-        self.done: dict[int, Done] = {}
-        self.at = array("q")  # row k -> offset of its latest record's frame (-1: none)
+        self.ks = array("i")  # sample id -> its row k (-1: none)
+        self.sources = array("I")  # sample id -> checksum key of the source it was made from
+        self.at = array("I")  # row k -> 1 + offset of its latest record's frame (0: none)
         end = 0
         with contextlib.suppress(FileNotFoundError), open(self.path, "rb", buffering=0) as f:
             end = self._load(f)
@@ -203,12 +209,42 @@ class Manifest:
                 return pos
 
     def _keep(self, rec: Done, offset: int) -> None:
-        if rec.ids or rec.mask:
-            rec = msgspec.structs.replace(rec, ids=b"", mask=b"")
-        self.done[rec.idx] = rec
+        n = rec.idx + 1 - len(self.ks)
+        if n > 0:
+            n = max(n, len(self.ks) >> 3)  # amortized: an eighth more at a time
+            self.ks.frombytes(b"\xff" * (4 * n))
+            self.sources.frombytes(bytes(4 * n))
+        self.ks[rec.idx] = rec.k
+        self.sources[rec.idx] = catalog.checksum_key(rec.source)
         if rec.k >= len(self.at):
-            self.at.extend([-1] * (rec.k + 1 - len(self.at)))
-        self.at[rec.k] = offset
+            self.at.frombytes(bytes(self.at.itemsize * (rec.k + 1 - len(self.at))))
+        if offset >= 0xFFFFFFFF and self.at.typecode == "I":
+            self.at = array("q", self.at)  # past 4 GiB (speculators' rows): 8 bytes a row
+        self.at[rec.k] = offset + 1
+
+    def row(self, idx: int) -> int:
+        """Sample ``idx``'s row (-1: not exported)."""
+        return self.ks[idx] if idx < len(self.ks) else -1
+
+    def unchanged(self, idx: int, key: int) -> bool:
+        """Is sample ``idx`` exported from the source whose checksum key is ``key``?"""
+        return self.row(idx) >= 0 and self.sources[idx] == key
+
+    @property
+    def next_row(self) -> int:
+        """The row a sample exported for the first time gets."""
+        return len(self.at)
+
+    def record(self, k: int) -> Done:
+        """Row ``k``'s latest record, read back from the file."""
+        with open(self.path, "rb") as f:
+            return self._read(f, self.at[k] - 1)
+
+    @staticmethod
+    def _read(f: IO[bytes], offset: int) -> Done:
+        f.seek(offset)
+        head = f.read(codec.FRAME_OVERHEAD)
+        return _decode(f.read(int.from_bytes(head[4:8], "little")))
 
     def append(self, records: list[Done]) -> None:
         frames = [codec.encode_frame(_encode(r)) for r in records]
@@ -226,13 +262,10 @@ class Manifest:
         """Every row's ids and mask in row order, read back from the file one record at a
         time (rows ``0..n-1``; a missing one raises ValueError)."""
         with open(self.path, "rb") as f:
-            for k, offset in enumerate(self.at):
-                if offset < 0:
+            for k, at in enumerate(self.at):
+                if not at:
                     raise ValueError(f"the manifest has no row {k}")
-                f.seek(offset)
-                head = f.read(codec.FRAME_OVERHEAD)
-                n = int.from_bytes(head[4:8], "little")
-                rec = _decode(f.read(n))
+                rec = self._read(f, at - 1)
                 yield exporters.Row(k, rec.ids, rec.mask)
 
     def close(self) -> None:
@@ -272,7 +305,7 @@ def export(
     out, dest = os.path.abspath(output), os.path.abspath(to)
     report = ExportReport(out, dest, fmt)
     try:
-        cat = catalog.read(out)
+        cat = catalog.scan(out)
     except catalog.NoJournal as e:
         report.refused = str(e)
         return report
@@ -331,81 +364,128 @@ def _claim(state: str, out: str, fmt: str, job: Any) -> str:
     return ""
 
 
-def _todo(cat: catalog.Catalog, manifest: Manifest, report: ExportReport) -> list[catalog.Entry]:
-    """The committed samples not yet exported as they are now (counted in ``report``)."""
-    report.committed = len(cat.entries)
-    todo = []
-    for e in cat.entries:
-        old = manifest.done.get(e.idx)
-        if old is not None and old.source == e.checksum:
-            report.already += 1
-        else:
-            todo.append(e)
-    return todo
+def _count(cat: catalog.Streamed, manifest: Manifest, report: ExportReport) -> int:
+    """Count the committed samples into ``report``; how many of them have no row yet (those
+    re-extracted since their export are found and added as the export meets them)."""
+    report.committed = cat.index.committed()
+    owners, ks = cat.index.owners, manifest.ks
+    rowed = sum(1 for i in range(min(len(owners), len(ks))) if owners[i] and ks[i] >= 0)
+    return report.committed - rowed
 
 
 def _run(
-    cat: catalog.Catalog,
+    cat: catalog.Streamed,
     exp: exporters.Exporter,
     dest: str,
     manifest: Manifest,
     report: ExportReport,
     progress: Callable[[ExportReport, int, float], None] | None = None,
 ) -> None:
-    todo = _todo(cat, manifest, report)
-    next_k = max((d.k for d in manifest.done.values()), default=-1) + 1
-    link = exp.same_bytes(cat.job)
-    t0 = time.monotonic()
-    slow = faults.armed("export_slow")
-    for start in range(0, len(todo), BATCH):
-        if progress is not None:
-            progress(report, len(todo), time.monotonic() - t0)
+    run = _Batches(cat, exp, dest, manifest, report, progress)
+    run.todo = _count(cat, manifest, report)
+    seen = cat.each(run.take)
+    run.flush()
+    if seen < report.committed:  # the journal changed under the export (it was read twice)
+        report.not_exported["journal"] = report.committed - seen
+        report.problems.append(
+            f"{report.committed - seen} committed sample(s) no longer in the journal as "
+            "first read: export again"
+        )
+    exp.finish(_IndexFiles(dest), manifest.rows())
+    report.seconds = time.monotonic() - run.t0
+    if progress is not None:
+        progress(report, run.todo, report.seconds)
+
+
+class _Batches:
+    """The samples to export, :data:`BATCH` at a time: each batch's files written under temp
+    names, renamed, their directories synced, then their records appended to the manifest."""
+
+    def __init__(
+        self,
+        cat: catalog.Streamed,
+        exp: exporters.Exporter,
+        dest: str,
+        manifest: Manifest,
+        report: ExportReport,
+        progress: Callable[[ExportReport, int, float], None] | None,
+    ) -> None:
+        self.cat, self.exp, self.dest = cat, exp, dest
+        self.manifest, self.report, self.progress = manifest, report, progress
+        self.todo = 0
+        self.next_k = manifest.next_row
+        self.pending: list[catalog.Entry] = []
+        self.link = exp.same_bytes(cat.job)
+        self.slow = faults.armed("export_slow")
+        self.t0 = time.monotonic()
+
+    def take(self, e: catalog.Entry) -> None:
+        """One committed sample: exported with its batch unless exported as it is."""
+        if self.manifest.unchanged(e.idx, catalog.checksum_key(e.checksum)):
+            self.report.already += 1
+            return
+        if self.manifest.row(e.idx) >= 0:
+            self.todo += 1  # re-extracted since its export (verify --repair): again
+        self.pending.append(e)
+        if len(self.pending) >= BATCH:
+            self.flush()
+
+    def flush(self) -> None:
+        """Export the pending batch."""
+        if not self.pending:
+            return
+        if self.progress is not None:
+            self.progress(self.report, self.todo, time.monotonic() - self.t0)
         staged: list[tuple[str, str, Done]] = []  # (temp, final, record)
-        dirs: set[str] = set()
-        for e in todo[start : start + BATCH]:
-            if slow is not None:
-                time.sleep(slow.n / 1000)
-            src = cat.path(e)
-            problem = _check_source(src, e)
-            if problem:
-                report.problems.append(problem)
-                reason = "missing" if problem.endswith(" is missing") else "damaged"
-                report.not_exported[reason] = report.not_exported.get(reason, 0) + 1
-                continue
-            report.tokens += e.tokens
-            old = manifest.done.get(e.idx)
-            k = old.k if old is not None else next_k
-            if old is None:
-                next_k += 1
-            # Where it went before, if it did: an export keeps the layout it began with.
-            name = old.name if old is not None else exp.target(e.idx, k)
-            final = os.path.join(dest, name)
-            os.makedirs(os.path.dirname(final), exist_ok=True)
-            tmp = os.path.join(os.path.dirname(final), f".{os.path.basename(final)}.tmp")
-            if link and _link(src, tmp):
-                # The bytes as they are: the source's own inode, already durable.
-                rec = Done(
-                    idx=e.idx, k=k, name=name, size=e.bytes, checksum=e.checksum, source=e.checksum
-                )
-                report.linked += 1
-            else:
-                link = False  # another filesystem (or links refused): copies from here on
-                rec = _write(exp, src, tmp, e, k, name)
-            staged.append((tmp, final, rec))
-            dirs.add(os.path.dirname(final))
+        for e in self.pending:
+            if self.slow is not None:
+                time.sleep(self.slow.n / 1000)
+            one = self._stage(e)
+            if one is not None:
+                staged.append(one)
+        self.pending = []
         for tmp, final, _ in staged:
             os.rename(tmp, final)
             faults.kill_point("export_after_rename")
-        for d in sorted(dirs):
+        for d in sorted({os.path.dirname(final) for _, final, _ in staged}):
             _FS.fsync_dir(d)
         if staged:
-            manifest.append([rec for *_, rec in staged])
-            report.exported += len(staged)
-            report.bytes_written += sum(rec.size for *_, rec in staged)
-    exp.finish(_IndexFiles(dest), manifest.rows())
-    report.seconds = time.monotonic() - t0
-    if progress is not None:
-        progress(report, len(todo), report.seconds)
+            self.manifest.append([rec for *_, rec in staged])
+            self.report.exported += len(staged)
+            self.report.bytes_written += sum(rec.size for *_, rec in staged)
+
+    def _stage(self, e: catalog.Entry) -> tuple[str, str, Done] | None:
+        """Sample ``e`` written (or linked) under its temp name; None if its source is
+        missing or damaged (counted in the report)."""
+        report, manifest = self.report, self.manifest
+        src = self.cat.path(e)
+        problem = _check_source(src, e)
+        if problem:
+            report.problems.append(problem)
+            reason = "missing" if problem.endswith(" is missing") else "damaged"
+            report.not_exported[reason] = report.not_exported.get(reason, 0) + 1
+            return None
+        report.tokens += e.tokens
+        k = manifest.row(e.idx)
+        # Where it went before, if it did: an export keeps the layout it began with.
+        if k >= 0:
+            name = manifest.record(k).name
+        else:
+            k, self.next_k = self.next_k, self.next_k + 1
+            name = self.exp.target(e.idx, k)
+        final = os.path.join(self.dest, name)
+        os.makedirs(os.path.dirname(final), exist_ok=True)
+        tmp = os.path.join(os.path.dirname(final), f".{os.path.basename(final)}.tmp")
+        if self.link and _link(src, tmp):
+            # The bytes as they are: the source's own inode, already durable.
+            rec = Done(
+                idx=e.idx, k=k, name=name, size=e.bytes, checksum=e.checksum, source=e.checksum
+            )
+            report.linked += 1
+        else:
+            self.link = False  # another filesystem (or links refused): copies from here on
+            rec = _write(self.exp, src, tmp, e, k, name)
+        return tmp, final, rec
 
 
 def _write(
