@@ -172,6 +172,15 @@ def export(out: Path, to: Path, fmt: str) -> None:
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+def speculators_rows(folder: Path) -> dict[tuple[int, ...], int]:
+    """The row of a speculators export's index (its ``hs_<row>`` file) by the row's ids."""
+    import pyarrow as pa
+
+    with pa.OSFile(str(folder / "data-00000-of-00001.arrow")) as f:
+        ids = pa.ipc.open_stream(f).read_all().column("input_ids").to_pylist()
+    return {tuple(row): k for k, row in enumerate(ids)}
+
+
 @pytest.mark.parametrize("recipe", ["dflash", "dspark"])
 def test_exports_give_each_trainer_its_recipes_record(
     recipe: str, dflash_job: dict[str, Any], dspark_job: Path, tmp_path: Path
@@ -185,6 +194,8 @@ def test_exports_give_each_trainer_its_recipes_record(
     assert ds.recipe == recipe
     files = {int(f.stem.removeprefix("data_")): f for f in (tmp_path / "sf").rglob("*.ckpt")}
     assert sorted(files) == [e.idx for e in ds.entries]
+    row_of = speculators_rows(tmp_path / "sp")
+    assert len(row_of) == len(ds)
     for k in range(len(ds)):
         item = ds[k]
         d = torch.load(files[item["idx"]], weights_only=True)
@@ -196,8 +207,10 @@ def test_exports_give_each_trainer_its_recipes_record(
             assert torch.equal(d[key], want[key]), key
         if recipe == "dspark":
             assert d["target_last_hidden_states"].shape == item["hidden_state"].shape
-        # speculators: [T, layers + 1, H], the five layers then the last state.
-        hs = load_file(str(tmp_path / "sp" / "hidden_states" / f"hs_{k}.safetensors"))
+        # speculators: [T, layers + 1, H], the five layers then the last state, in the file
+        # of the index's row that holds this sample's ids (rows go in the journal's order).
+        row = row_of[tuple(item["input_ids"].flatten().tolist())]
+        hs = load_file(str(tmp_path / "sp" / "hidden_states" / f"hs_{row}.safetensors"))
         t, h = item["hidden_state"].shape[1:]
         assert hs["hidden_states"].shape == (t, len(LAYERS) + 1, h)
         assert torch.equal(hs["hidden_states"][:, :-1].flatten(1), item["aux_hidden_state"][0])
