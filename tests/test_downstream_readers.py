@@ -108,9 +108,15 @@ def test_speculators_reads_the_speculators_export(extracted: dict[str, Path]) ->
     h = cfg["hidden_size"]
     norm = LlamaRMSNorm(h, eps=cfg["rms_norm_eps"])  # the verifier's final norm, as it applies it
     norm.weight.data = load_file(str(extracted["model"] / "model.safetensors"))["model.norm.weight"]
-    ours = list(HiddenStates(extracted["out"]))  # rows in export order: sample-id order here
-    for k, item in enumerate(ours):
+    ours = list(HiddenStates(extracted["out"]))
+    # The export's rows go in the journal's order: each row is matched to our sample by its
+    # ids, and every sample is some row's.
+    by_ids = {tuple(item["input_ids"].tolist()): item for item in ours}
+    seen = set()
+    for k in range(len(ds)):
         got = ds[k]
+        item = by_ids[tuple(got["input_ids"].tolist())]
+        seen.add(id(item))
         assert torch.equal(got["input_ids"], item["input_ids"])
         assert torch.equal(got["loss_mask"], item["loss_mask"])
         assert torch.equal(got["hidden_states"], item["aux_hidden_state"][0])
@@ -118,6 +124,7 @@ def test_speculators_reads_the_speculators_export(extracted: dict[str, Path]) ->
             y = norm(got["verifier_last_hidden_states"].float())
         want = item["hidden_state"][0].float()
         assert float((y - want).norm() / want.norm()) < 0.01, k
+    assert len(seen) == len(ours) == len(by_ids)
     batch = CollateFn(max_len=512, hidden_size=h)([ds[0], ds[1]])
     assert batch["hidden_states"].shape == (1, 512, 3 * h)
     assert batch["verifier_last_hidden_states"].shape == (1, 512, h)
