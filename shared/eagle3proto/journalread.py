@@ -121,8 +121,10 @@ def replay(
 
 #: Bytes of a segment read and scanned at a time: a replay holds this much of the journal
 #: (and one record, if a record is larger), whatever the size of a segment (64 MiB) or of
-#: the job. 4 MiB: large enough that a window's overhead (one read, one carry) is noise.
-WINDOW = 4 << 20
+#: the job. 1 MiB: a window's overhead (one read, one carry) is still noise (a 3M-record
+#: journal replays in the same CPU time as with 4 MiB windows, docs/benchmarks.md), and the
+#: transient it costs (the window, its payloads, their decoded events) is ~6 MB, not ~26.
+WINDOW = 1 << 20
 
 
 def _replay_segment(
@@ -234,8 +236,9 @@ def _all_zero(fd: int, offset: int, size: int) -> bool:
     return True
 
 
-#: Records decoded at a time: a 64 MiB segment's ~450k records decoded at once took ~500 MB.
-DECODE_CHUNK = 16384
+#: Records decoded at a time: a 64 MiB segment's ~450k records decoded at once took ~500 MB;
+#: 4,096 (a window holds ~6,500 records of ~160 bytes) keeps the decoded batch to a few MB.
+DECODE_CHUNK = 4096
 
 
 def _feed(

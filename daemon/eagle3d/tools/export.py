@@ -165,7 +165,7 @@ def _size(n: int) -> str:
 
 #: Bytes of ``done.e3x`` read at a time: with speculators' ids and masks (16 bytes a token)
 #: it grows to gigabytes at a million samples, and is never read whole.
-WINDOW = 4 << 20
+WINDOW = 1 << 20
 
 
 class Manifest:
