@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -40,6 +41,8 @@ class Pin:
     mtime_ns: int
     blocks: tuple[bytes, ...]  # the hash of each BLOCK-byte block, the last one short
     sha: str  # blake2b-128 of the whole file (the job fingerprint's dataset_sha)
+    ctime_ns: int = 0  # its status change time (eagle3d.ingest.pincache trusts a pin by it)
+    taken_ns: int = 0  # the wall clock when the read began
 
     def changed(self) -> str:
         """'' while the path holds the pinned file unchanged; else what differs."""
@@ -67,9 +70,14 @@ def _digest(block: bytes) -> bytes:
     return hashlib.blake2b(block, digest_size=8).digest()
 
 
-def take(path: str, progress: Callable[[int, int], object] | None = None) -> Pin:
+def take(
+    path: str,
+    progress: Callable[[int, int], object] | None = None,
+    clock: Callable[[], int] = time.time_ns,
+) -> Pin:
     """Pin the dataset at ``path``: read it whole once (``progress(bytes read, size)`` after
     each block). Raises :class:`DatasetChanged` when it changes while being read."""
+    taken = clock()
     whole = hashlib.blake2b(digest_size=16)
     blocks: list[bytes] = []
     with open(path, "rb", buffering=0) as f:
@@ -89,6 +97,8 @@ def take(path: str, progress: Callable[[int, int], object] | None = None) -> Pin
             st.st_mtime_ns,
             tuple(blocks),
             whole.hexdigest(),
+            st.st_ctime_ns,
+            taken,
         )
         problem = pin._differs(os.fstat(f.fileno()))
     if problem:

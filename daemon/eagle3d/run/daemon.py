@@ -311,6 +311,7 @@ class Daemon:
         forced = capture.check(self.output, facts.capture or {}, cfg.force_resume)
         if forced:
             log.warning("resuming with a changed model (%s) because of --force-resume", forced)
+        await asyncio.to_thread(job.keep_pin, facts, self.jdir, cfg.max_line_bytes)
         return Opened(facts, resume, journal.run_id, recorder, identity)
 
     async def _refusals(self) -> job.JobFacts:

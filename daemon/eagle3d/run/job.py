@@ -6,12 +6,14 @@ settings changed. What its journal says is done: :mod:`eagle3d.core.resume`.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from eagle3proto import events as ev
+from eagle3proto import paths
 from eagle3proto.paths import Shard
 
 from eagle3d import __version__, config
@@ -23,6 +25,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from eagle3d.ingest.dataformats import Format
+    from eagle3d.ingest.lineindex import Lines
     from eagle3d.ingest.pin import Pin
     from eagle3d.run.stages import StartStages
 
@@ -39,6 +42,8 @@ COMPARED = (
     "store_dtype",
 )
 
+log = logging.getLogger("eagle3d")
+
 
 @dataclass(slots=True)
 class JobFacts:
@@ -54,6 +59,7 @@ class JobFacts:
     inherited: int = 0  # rows of this shard another layout's journal settled: not in total
     starts: Any = None  # each row's byte offset (an uncompressed JSONL file), for sampling
     all_blank: list[int] = field(default_factory=list)  # every shard's blank ids
+    pin_kept: bool = False  # the pin and rows came from the cache beside the journal
 
 
 def describe(
@@ -61,7 +67,7 @@ def describe(
 ) -> JobFacts:
     """Read the model config and hash the dataset (its progress told to ``stages``, where
     a signal ends it). Raises Fatal for impossible aux layers."""
-    from eagle3d.ingest import dataformats, pin
+    from eagle3d.ingest import dataformats, pincache
 
     mcfg = config.model_config(cfg.model)
     n_layers = int(mcfg["num_hidden_layers"])
@@ -71,13 +77,16 @@ def describe(
         )
     except recipes.LayerError as e:
         raise Fatal(EXIT_CONFIG, f"{cfg.model}: {e}") from e
-    try:  # pinned first: the rows are counted, and later read, from what was hashed
-        pinned = pin.take(cfg.dataset, _pinning(stages))
-        fmt = dataformats.detect(cfg.dataset)
-        counting = _counting(stages, pinned.size if fmt.name == "jsonl" else 0)
-        found = dataformats.index(cfg.dataset, fmt, pinned, cfg.max_line_bytes, counting)
-    except pin.DatasetChanged as e:
-        raise Fatal(EXIT_FINGERPRINT, f"{e}; the run did not start") from e
+    fmt = dataformats.detect(cfg.dataset)
+    jdir = paths.journal_dir(output, shard)
+    kept = pincache.load(jdir, cfg.dataset, fmt.name, cfg.max_line_bytes)
+    if isinstance(kept, tuple):
+        pinned, found = kept
+        log.info("dataset: its hash and rows from %s (unchanged since)", pincache.path_in(jdir))
+    else:
+        if kept:
+            log.info("%s; the dataset is read whole", kept)
+        pinned, found = _read_dataset(cfg, fmt, stages)
     lines = found.rows
     blank = [i for i in found.blank if shard.owns(i)]
     with open(os.path.join(cfg.model, "config.json"), "rb") as f:
@@ -120,7 +129,49 @@ def describe(
     hidden = int(mcfg["hidden_size"])
     facts = JobFacts(job, total, lines, hidden, layers, blank, fmt, pinned, contract)
     facts.starts, facts.all_blank = found.starts, found.blank
+    facts.pin_kept = isinstance(kept, tuple)
     return facts
+
+
+def _read_dataset(
+    cfg: config.JobConfig, fmt: Format, stages: StartStages | None
+) -> tuple[Pin, Lines]:
+    """The dataset pinned (a hash of every byte) and its rows counted through the pin."""
+    from eagle3d.ingest import dataformats, pin
+
+    try:  # pinned first: the rows are counted, and later read, from what was hashed
+        pinned = pin.take(cfg.dataset, _pinning(stages), _wall_ns())
+        counting = _counting(stages, pinned.size if fmt.name == "jsonl" else 0)
+        found = dataformats.index(cfg.dataset, fmt, pinned, cfg.max_line_bytes, counting)
+    except pin.DatasetChanged as e:
+        raise Fatal(EXIT_FINGERPRINT, f"{e}; the run did not start") from e
+    return pinned, found
+
+
+def _wall_ns() -> Callable[[], int]:
+    """The daemon's wall clock in nanoseconds (a test's ``wall_offset`` fault moves it)."""
+    from eagle3d.remote import faults
+
+    clock = faults.wall_clock()
+    return lambda: int(clock() * 1e9)
+
+
+def keep_pin(facts: JobFacts, jdir: str, max_line: int) -> None:
+    """Keep the dataset's pin and rows beside the journal for the next start (once the start
+    is accepted: a refused one writes nothing); a failure to write only costs that start the
+    read."""
+    from eagle3d.ingest import pincache
+    from eagle3d.ingest.lineindex import Lines
+
+    if facts.pin is None or facts.pin_kept:
+        return
+    if facts.pin.ctime_ns > facts.pin.taken_ns - pincache.RACY_NS:
+        return  # changed just before the read: the next start could not trust it anyway
+    lines = Lines(facts.lines, facts.all_blank, facts.starts)
+    try:
+        pincache.save(jdir, facts.pin, facts.fmt.name, max_line, lines)
+    except OSError as e:
+        log.warning("the dataset's pin was not kept in %s (%s)", jdir, e.strerror)
 
 
 def _pinning(stages: StartStages | None) -> Callable[[int, int], object] | None:
