@@ -59,16 +59,19 @@ Decisions:
 
 from __future__ import annotations
 
-import functools
 import os
+import threading
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from eagle3d.ingest import tokcache
 from eagle3d.ingest.dataset import BadSample, Conversation, PreTokenized, Sample
+from eagle3d.ingest.template import compile_template
+from eagle3d.ingest.tokcache import TokenizerFacts
 
-__all__ = ["ON_OVERFLOW", "ChatEncoder", "Tokenized", "encoder"]
+__all__ = ["ON_OVERFLOW", "ChatEncoder", "Tokenized", "TokenizerFacts", "encoder", "facts_of"]
 
 ON_OVERFLOW = ("truncate", "skip")
 
@@ -78,6 +81,24 @@ CHARS_PER_TOKEN = 64
 #: Tokens that end this close to the cut are not trusted (a word cut in half tokenizes
 #: differently): only those before it are kept.
 CUT_MARGIN = 4096
+
+
+def facts_of(tokenizer: Any) -> TokenizerFacts:
+    """The :class:`TokenizerFacts` of a Hugging Face tokenizer."""
+    template_vars = {
+        k: str(v) for k, v in tokenizer.special_tokens_map.items() if isinstance(v, str)
+    }
+    specials = set(tokenizer.all_special_tokens)
+    for tok in getattr(tokenizer, "added_tokens_decoder", {}).values():
+        if getattr(tok, "special", False):
+            specials.add(str(tok.content))
+    return TokenizerFacts(
+        backend=getattr(tokenizer, "backend_tokenizer", None),
+        chat_template=getattr(tokenizer, "chat_template", None),
+        vocab_size=len(tokenizer),
+        template_vars=template_vars,
+        specials=frozenset(s for s in specials if s),
+    )
 
 
 @dataclass(slots=True)
@@ -111,35 +132,31 @@ class ChatEncoder:
         *,
         chat_template: str | None = None,
     ) -> None:
+        """``tokenizer``: a Hugging Face fast tokenizer, or the :class:`TokenizerFacts` of one
+        (:mod:`eagle3d.ingest.tokcache` keeps them)."""
         if on_overflow not in ON_OVERFLOW:
             raise ValueError(f"on_overflow must be one of {ON_OVERFLOW}, got {on_overflow!r}")
         if max_length < 0:
             raise ValueError(f"max_length must be >= 0, got {max_length}")
-        template = chat_template or getattr(tokenizer, "chat_template", None)
+        facts = tokenizer if isinstance(tokenizer, TokenizerFacts) else facts_of(tokenizer)
+        template = chat_template or facts.chat_template
         if isinstance(template, dict):  # named templates: the default one formats chats
             template = template.get("default")
         if not template or not isinstance(template, str):
             raise ValueError("the tokenizer has no chat template")
-        backend = getattr(tokenizer, "backend_tokenizer", None)
-        if backend is None:
+        if facts.backend is None:
             raise ValueError("a fast (Rust-backed) tokenizer is needed: the mask uses its offsets")
         self.tokenizer = tokenizer
+        self.facts = facts
         self.max_length = max_length
         self.on_overflow = on_overflow
         self.chat_template = template
-        self.vocab_size = len(tokenizer)
-        self._backend = backend
-        self._render = _compile(template)
-        # Template variables HF passes too (bos_token, eos_token, ...), as plain strings.
-        self._template_vars = {
-            k: str(v) for k, v in tokenizer.special_tokens_map.items() if isinstance(v, str)
-        }
-        specials = set(tokenizer.all_special_tokens)
-        for tok in getattr(tokenizer, "added_tokens_decoder", {}).values():
-            if getattr(tok, "special", False):
-                specials.add(str(tok.content))
+        self.vocab_size = facts.vocab_size
+        self._backend = facts.backend
+        self._render = compile_template(template)
+        self._template_vars = dict(facts.template_vars)
         # Longest first, so a token wins over a special token it contains.
-        self._specials = sorted((s for s in specials if s), key=len, reverse=True)
+        self._specials = sorted(facts.specials, key=len, reverse=True)
 
     @classmethod
     def from_pretrained(
@@ -347,29 +364,40 @@ def _mask(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]]) 
     return mask
 
 
-def _compile(template: str) -> Callable[..., str]:
-    """The template as a render function, with the globals HF's templates expect."""
-    try:  # transformers' own compiled (and cached) sandboxed environment, when available
-        from transformers.utils.chat_template_utils import _compile_jinja_template
-
-        render: Callable[..., str] = _compile_jinja_template(template).render
-        return render
-    except ImportError:  # pragma: no cover - older/newer transformers layout
-        import jinja2
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-        def raise_exception(message: str) -> None:
-            raise jinja2.exceptions.TemplateError(message)
-
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = raise_exception
-        return env.from_string(template).render
+#: Encoders made in this process, by (model, max_length, on_overflow); whether each was kept.
+_made: dict[tuple[str, int, str], tuple[ChatEncoder, bool]] = {}
+_made_lock = threading.Lock()
 
 
-@functools.lru_cache(maxsize=4)
-def encoder(model: str, max_length: int = 0, on_overflow: str = "truncate") -> ChatEncoder:
-    """The encoder of the tokenizer in ``model``, made once a process (its load takes
-    seconds: a run's space check and its feeder share it, one after the other)."""
+def encoder(
+    model: str,
+    max_length: int = 0,
+    on_overflow: str = "truncate",
+    *,
+    kept: Sequence[str] = (),
+    keep: str = "",
+) -> ChatEncoder:
+    """The encoder of the tokenizer in ``model``, made once a process (a run's space check
+    and its feeder share it, one after the other): from a tokenizer kept in one of the
+    journal directories ``kept`` where one matches the model's files
+    (:mod:`eagle3d.ingest.tokcache`), else loaded by Hugging Face (seconds of CPU); kept in
+    ``keep`` (a journal directory, once the start is accepted) when it was not found kept."""
+    key = (model, max_length, on_overflow)
+    with _made_lock:
+        made, was_kept = _made.get(key, (None, False))
+        if made is None:
+            facts = tokcache.load(kept, model) if kept else None
+            was_kept = facts is not None
+            if facts is None:
+                facts = _loaded(model)
+            made = ChatEncoder(facts, max_length, on_overflow)
+        if keep and not was_kept:
+            was_kept = tokcache.save(keep, model, made.facts)
+        _made[key] = (made, was_kept)
+        return made
+
+
+def _loaded(model: str) -> TokenizerFacts:
     from transformers import AutoTokenizer
 
-    return ChatEncoder(AutoTokenizer.from_pretrained(model), max_length, on_overflow)
+    return facts_of(AutoTokenizer.from_pretrained(model))

@@ -40,10 +40,12 @@ class Feeder:
         pin: Any = None,
         max_line: int = 64 << 20,
         skip_to: tuple[int, int] | None = None,
+        journal_dir: str = "",
     ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be at least 1, not {capacity}")
         self.model = model
+        self.journal_dir = journal_dir  # where the tokenizer is kept for the next start
         self.dataset = dataset
         self.fmt = fmt
         self.shard = (shard_index, shard_count)
@@ -99,7 +101,9 @@ class Feeder:
         from eagle3d.ingest.chat import encoder
         from eagle3d.ingest.dataformats import BadSample, iter_rows, parse_row, unit
 
-        enc = encoder(self.model, self.max_length, self.on_overflow)
+        jdir = self.journal_dir
+        kept = (jdir,) if jdir else ()
+        enc = encoder(self.model, self.max_length, self.on_overflow, kept=kept, keep=jdir)
         status = self.status
         rows = iter_rows(self.dataset, self.fmt, *self.shard, self.pin, self.max_line, self.skip_to)
         for idx, raw in rows:

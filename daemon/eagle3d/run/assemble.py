@@ -191,7 +191,7 @@ def assemble(
     threads = cfg.commit_thread_count()
     commits = Commits(body, inbox.put, threads, committer)
     stack.callback(commits.close)
-    feeder = _feeder(cfg, facts, where.shard, status, inbox)
+    feeder = _feeder(cfg, facts, where, status, inbox)
     stack.callback(feeder.stop)
     watcher = DumpWatcher(where.dump_dir, lambda path: inbox.put(DumpArrived(path)))
     watcher.start()
@@ -250,8 +250,9 @@ def _committer(cfg: config.JobConfig, opened: Opened, where: Where) -> Committer
 
 
 def _feeder(
-    cfg: config.JobConfig, facts: job.JobFacts, shard: Shard, status: bytearray, inbox: Inbox
+    cfg: config.JobConfig, facts: job.JobFacts, where: Where, status: bytearray, inbox: Inbox
 ) -> Feeder:
+    shard = where.shard
     return Feeder(
         model=cfg.model,
         dataset=cfg.dataset,
@@ -267,6 +268,7 @@ def _feeder(
         pin=facts.pin,
         max_line=cfg.max_line_bytes,
         skip_to=_first_pending(facts, shard, status),
+        journal_dir=where.journal_dir,
     )
 
 

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from eagle3proto import paths
 from eagle3proto.paths import Shard
 
 from eagle3d import config
@@ -122,7 +123,8 @@ def estimate(
     chosen, sampled = choose(every, sample, seed)
     tallies = {s: sizing.Tally() for s in shards}
     rows = rows_at(cfg.dataset, facts.fmt, chosen, facts.starts, cfg.max_line_bytes)
-    _tokenize(cfg, facts, rows, plans, tallies, len(chosen), progress, on_rows)
+    kept = [paths.journal_dir(output, s) for s in shards]  # where a tokenizer may be kept
+    _tokenize(cfg, facts, rows, plans, tallies, len(chosen), progress, on_rows, kept)
     for sp in plans:
         sp.estimate = sizing.scale(tallies[sp.shard], left[sp.shard])
         _scale_rows(sp, tallies[sp.shard].rows, left[sp.shard])
@@ -140,6 +142,7 @@ def _tokenize(
     total: int,
     show: bool,
     on_rows: Callable[[int, int], object] | None,
+    kept: list[str],
 ) -> None:
     """Tokenize ``rows`` (``total`` of them) as the feeder does (its encoder: loaded once a
     process), each into its shard's tally; ``show``: a progress line on stderr."""
@@ -150,7 +153,7 @@ def _tokenize(
         return
     if on_rows is not None:  # the tokenizer's load takes seconds: said, and a stop seen
         on_rows(0, 0)
-    enc = encoder(cfg.model, cfg.max_length, cfg.on_overflow)
+    enc = encoder(cfg.model, cfg.max_length, cfg.on_overflow, kept=kept)
     by_shard = {sp.shard: sp for sp in plans}
     count = plans[0].shard.count
     shown = _Progress(total if show else 0)
