@@ -4,7 +4,10 @@ pre-tokenized rows (``bench/scale.py``'s), killed with SIGKILL at ``--saved`` sa
 started again ``--tries`` times (each on a fresh copy of the killed output). Per start: wall
 and CPU seconds (the daemon's, all its threads, from ``/proc``) from the process start to
 "producer ... up; window" in its log, and to 20 samples more in the journal (the first saves:
-what the feeder's own start adds after "up"), and the space check's log line.
+what the feeder's own start adds after "up"), and the space check's log line. The killed
+output is started once more before the timed starts (unless ``--first``), so that they find
+what a start keeps beside the journal for the next (the dataset's pin and row index, the
+tokenizer), as every resume but the first after a job's own first start does.
 
 ``--tree DIR`` runs the daemon of another checkout (its ``shared``, ``daemon``, ``tui`` on
 ``PYTHONPATH``): the same start before and after a change. CPU seconds are the figure to
@@ -63,11 +66,17 @@ def _journal_bytes(out: Path) -> int:
     return sum(e.stat().st_size for e in os.scandir(jdir) if e.name.endswith(".e3j"))
 
 
-def one_start(model: Path, data: Path, src: Path, env: dict[str, str]) -> dict[str, Any]:
-    out = src.parent / f"{src.name}.try"
-    shutil.rmtree(out, ignore_errors=True)
-    shutil.rmtree(f"{out}.dumps", ignore_errors=True)
-    shutil.copytree(src, out, symlinks=True)
+def one_start(
+    model: Path, data: Path, src: Path, env: dict[str, str], copy: bool = True
+) -> dict[str, Any]:
+    """One start of the killed output (a fresh copy of it, unless not ``copy``), stopped
+    with SIGINT after its first saves."""
+    out = src
+    if copy:
+        out = src.parent / f"{src.name}.try"
+        shutil.rmtree(out, ignore_errors=True)
+        shutil.rmtree(f"{out}.dumps", ignore_errors=True)
+        shutil.copytree(src, out, symlinks=True)
     log = Path(f"{out}.log")
     t0 = time.monotonic()
     with open(log, "wb") as f:
@@ -96,6 +105,12 @@ def main() -> int:
     ap.add_argument("--saved", type=int, default=2000)
     ap.add_argument("--tries", type=int, default=2)
     ap.add_argument("--dir", default="/tmp/e3d-resume")
+    ap.add_argument(
+        "--first",
+        action="store_true",
+        help="time the first resume after the kill (default: a later one: the killed output "
+        "is started once more first, as every resume after the first finds it)",
+    )
     args = ap.parse_args()
     root = Path(args.dir)
     root.mkdir(parents=True, exist_ok=True)
@@ -108,7 +123,10 @@ def main() -> int:
         build_tiny_model(str(model))
     data = scale.dataset(root / f"d{args.n}.jsonl", args.n)
     src = root / f"out{args.n}"
-    killed_job(model, data, src, args.saved, env)
+    if not src.exists():
+        killed_job(model, data, src, args.saved, env)
+        if not args.first:  # what a start keeps beside the journal for the next one
+            print(json.dumps({"settling start": one_start(model, data, src, env, copy=False)}))
     for _ in range(args.tries):
         r = {"n": args.n, "tree": str(tree), **one_start(model, data, src, env)}
         r["load"] = round(os.getloadavg()[0], 1)
