@@ -97,7 +97,7 @@ def test_a_kept_tokenizer_of_other_files_is_not_used(
         why = "its checksum does not match (damaged)"
     else:
         kept.write_bytes(b"E3DCKPT\x01" + bytes(100))
-        why = "it is not a kept tokenizer of this version"
+        why = "it is not a file of this kind and version"
     with caplog.at_level(logging.INFO, logger="eagle3d"):
         assert tokcache.load([str(jdir)], str(model)) is None
     assert f"{kept} was not used: {why}" in caplog.text

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from . import events as ev
-from . import reducer
+from . import reducer, sealed
 from .codec import HEADER_SIZE, MAX_RECORD, SegmentHeader, frame_crc
 
 if TYPE_CHECKING:
@@ -76,27 +76,12 @@ def path_in(jdir: str) -> str:
 
 def encode(ck: Checkpoint) -> bytes:
     payload = _encoder.encode(ck)
-    return _HEAD.pack(MAGIC, zlib.crc32(payload, _SEED), len(payload)) + payload
+    return sealed.seal(MAGIC, _SEED, payload)
 
 
 def write(jdir: str, data: bytes) -> None:
     """Put an encoded checkpoint in place atomically (temp file, fsync, rename, fsync dir)."""
-    final = path_in(jdir)
-    tmp = final + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)  # as the journal
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, final)
-    dfd = os.open(jdir, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    sealed.write_atomic(path_in(jdir), data)  # 0640, as the journal
 
 
 class Loaded(msgspec.Struct, frozen=True):

@@ -24,11 +24,11 @@ as little-endian int64 bytes); written to a temp file, synced and renamed into p
 from __future__ import annotations
 
 import os
-import struct
 import zlib
 
 import msgspec
 import numpy as np
+from eagle3proto import sealed
 
 from eagle3d.ingest.lineindex import Lines
 from eagle3d.ingest.pin import Pin
@@ -38,7 +38,6 @@ MAGIC = b"E3DPIN\x00\x01"
 VERSION = 1
 #: How much older than the cached read's start the dataset's last change must be.
 RACY_NS = 2_000_000_000
-_HEAD = struct.Struct("<8sIQ")
 _SEED = zlib.crc32(b"eagle3d-pin-cache-v1")
 _DIGEST = 8  # bytes of each block's hash (eagle3d.ingest.pin)
 
@@ -91,19 +90,12 @@ def encode(pin: Pin, fmt: str, max_line: int, lines: Lines) -> bytes:
         starts=starts,
     )
     payload = _encoder.encode(c)
-    return _HEAD.pack(MAGIC, zlib.crc32(payload, _SEED), len(payload)) + payload
+    return sealed.seal(MAGIC, _SEED, payload)
 
 
 def decode(data: bytes) -> Cached:
     """The cache in ``data``; ValueError naming what is wrong with it."""
-    if len(data) < _HEAD.size:
-        raise ValueError("it is cut short")
-    magic, crc, length = _HEAD.unpack_from(data)
-    if magic != MAGIC:
-        raise ValueError("it is not a pin cache of this version")
-    payload = memoryview(data)[_HEAD.size :]
-    if len(payload) != length or zlib.crc32(payload, _SEED) != crc:
-        raise ValueError("its checksum does not match (damaged)")
+    payload = sealed.unseal(data, MAGIC, _SEED)  # its Unsealed is a ValueError
     try:
         c = _decoder.decode(payload)
     except msgspec.DecodeError as e:
@@ -166,23 +158,7 @@ def _lines(c: Cached) -> Lines:
 def save(jdir: str, pin: Pin, fmt: str, max_line: int, lines: Lines) -> None:
     """Keep ``pin`` and ``lines`` in ``jdir`` atomically (temp file, fsync, rename, fsync
     dir)."""
-    final = path_in(jdir)
-    tmp = final + ".tmp"
-    data = encode(pin, fmt, max_line, lines)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)  # as the journal
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, final)
-    dfd = os.open(jdir, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    sealed.write_atomic(path_in(jdir), encode(pin, fmt, max_line, lines))  # 0640: as the journal
 
 
 __all__ = ["NAME", "RACY_NS", "Cached", "differs", "load", "path_in", "save"]

@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import struct
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from importlib import metadata
 from typing import Any
 
 import msgspec
+from eagle3proto import sealed
 
 log = logging.getLogger("eagle3d")
 
@@ -53,7 +53,6 @@ FILES = (
 )
 #: A folder of named templates (transformers 4.54+).
 TEMPLATES_DIR = "additional_chat_templates"
-_HEAD = struct.Struct("<8sIQ")
 _SEED = zlib.crc32(b"eagle3d-tokenizer-cache-v1")
 
 
@@ -121,19 +120,12 @@ def encode(facts: TokenizerFacts, key_: str) -> bytes:
         specials=sorted(facts.specials),
     )
     payload = _encoder.encode(k)
-    return _HEAD.pack(MAGIC, zlib.crc32(payload, _SEED), len(payload)) + payload
+    return sealed.seal(MAGIC, _SEED, payload)
 
 
 def decode(data: bytes) -> Kept:
     """The kept tokenizer in ``data``; ValueError naming what is wrong with it."""
-    if len(data) < _HEAD.size:
-        raise ValueError("it is cut short")
-    magic, crc, length = _HEAD.unpack_from(data)
-    if magic != MAGIC:
-        raise ValueError("it is not a kept tokenizer of this version")
-    payload = memoryview(data)[_HEAD.size :]
-    if len(payload) != length or zlib.crc32(payload, _SEED) != crc:
-        raise ValueError("its checksum does not match (damaged)")
+    payload = sealed.unseal(data, MAGIC, _SEED)  # its Unsealed is a ValueError
     try:
         k = _decoder.decode(payload)
     except msgspec.DecodeError as e:
@@ -186,24 +178,8 @@ def _facts(k: Kept) -> TokenizerFacts:
 def save(jdir: str, model: str, facts: TokenizerFacts) -> bool:
     """Keep ``facts`` in ``jdir`` atomically (temp file, fsync, rename, fsync dir); whether it
     was (a failure to write only costs the next start the load)."""
-    final = path_in(jdir)
-    tmp = final + ".tmp"
     try:
-        data = encode(facts, key(model))
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)  # as the journal
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, final)
-        dfd = os.open(jdir, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        sealed.write_atomic(path_in(jdir), encode(facts, key(model)))  # 0640: as the journal
     except OSError as e:
         log.warning("the tokenizer was not kept in %s (%s)", jdir, e.strerror)
         return False
