@@ -67,7 +67,7 @@ def describe(
 ) -> JobFacts:
     """Read the model config and hash the dataset (its progress told to ``stages``, where
     a signal ends it). Raises Fatal for impossible aux layers."""
-    from eagle3d.ingest import dataformats, pincache
+    from eagle3d.ingest import dataformats
 
     mcfg = config.model_config(cfg.model)
     n_layers = int(mcfg["num_hidden_layers"])
@@ -78,15 +78,7 @@ def describe(
     except recipes.LayerError as e:
         raise Fatal(EXIT_CONFIG, f"{cfg.model}: {e}") from e
     fmt = dataformats.detect(cfg.dataset)
-    jdir = paths.journal_dir(output, shard)
-    kept = pincache.load(jdir, cfg.dataset, fmt.name, cfg.max_line_bytes)
-    if isinstance(kept, tuple):
-        pinned, found = kept
-        log.info("dataset: its hash and rows from %s (unchanged since)", pincache.path_in(jdir))
-    else:
-        if kept:
-            log.info("%s; the dataset is read whole", kept)
-        pinned, found = _read_dataset(cfg, fmt, stages)
+    pinned, found, was_kept = _dataset(cfg, fmt, paths.journal_dir(output, shard), stages)
     lines = found.rows
     blank = [i for i in found.blank if shard.owns(i)]
     with open(os.path.join(cfg.model, "config.json"), "rb") as f:
@@ -129,8 +121,24 @@ def describe(
     hidden = int(mcfg["hidden_size"])
     facts = JobFacts(job, total, lines, hidden, layers, blank, fmt, pinned, contract)
     facts.starts, facts.all_blank = found.starts, found.blank
-    facts.pin_kept = isinstance(kept, tuple)
+    facts.pin_kept = was_kept
     return facts
+
+
+def _dataset(
+    cfg: config.JobConfig, fmt: Format, jdir: str, stages: StartStages | None
+) -> tuple[Pin, Lines, bool]:
+    """The dataset's pin and rows: kept beside the journal in ``jdir`` while the file is
+    provably unchanged (:mod:`eagle3d.ingest.pincache`), else read; whether they were kept."""
+    from eagle3d.ingest import pincache
+
+    kept = pincache.load(jdir, cfg.dataset, fmt.name, cfg.max_line_bytes)
+    if isinstance(kept, tuple):
+        log.info("dataset: its hash and rows from %s (unchanged since)", pincache.path_in(jdir))
+        return kept[0], kept[1], True
+    if kept:
+        log.info("%s; the dataset is read whole", kept)
+    return (*_read_dataset(cfg, fmt, stages), False)
 
 
 def _read_dataset(
