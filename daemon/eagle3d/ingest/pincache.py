@@ -107,6 +107,12 @@ def decode(data: bytes) -> Cached:
     return c
 
 
+def racy(ctime_ns: int, taken_ns: int) -> bool:
+    """Whether a file last changed at ``ctime_ns`` and read from ``taken_ns`` on could have
+    changed again within the same kernel tick, unseen by its times."""
+    return ctime_ns > taken_ns - RACY_NS
+
+
 def differs(c: Cached, path: str, st: os.stat_result, fmt: str, max_line: int) -> str:
     """'' when ``c`` describes the file ``path`` whose status is ``st`` (read as ``fmt``
     with ``max_line``); else why it does not."""
@@ -116,7 +122,7 @@ def differs(c: Cached, path: str, st: os.stat_result, fmt: str, max_line: int) -
         return "another file is at the dataset's path"
     if (c.size, c.mtime_ns, c.ctime_ns) != (st.st_size, st.st_mtime_ns, st.st_ctime_ns):
         return "the dataset changed since (its size or times)"
-    if c.ctime_ns > c.taken_ns - RACY_NS:
+    if racy(c.ctime_ns, c.taken_ns):
         return "the dataset had changed just before it was read (its times prove nothing)"
     if (c.fmt, c.max_line) != (fmt, max_line):
         return "it was read with another format or line limit"
@@ -161,4 +167,4 @@ def save(jdir: str, pin: Pin, fmt: str, max_line: int, lines: Lines) -> None:
     sealed.write_atomic(path_in(jdir), encode(pin, fmt, max_line, lines))  # 0640: as the journal
 
 
-__all__ = ["NAME", "RACY_NS", "Cached", "differs", "load", "path_in", "save"]
+__all__ = ["NAME", "RACY_NS", "Cached", "differs", "load", "path_in", "racy", "save"]

@@ -95,7 +95,7 @@ class _Namespace(jinja2.utils.Namespace):
             )
 
 
-@functools.lru_cache(maxsize=8)
+@functools.cache
 def _environment() -> ImmutableSandboxedEnvironment:
     env = ImmutableSandboxedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=[_Generation, jinja2.ext.loopcontrols]

@@ -173,7 +173,7 @@ def keep_pin(facts: JobFacts, jdir: str, max_line: int) -> None:
 
     if facts.pin is None or facts.pin_kept:
         return
-    if facts.pin.ctime_ns > facts.pin.taken_ns - pincache.RACY_NS:
+    if pincache.racy(facts.pin.ctime_ns, facts.pin.taken_ns):
         return  # changed just before the read: the next start could not trust it anyway
     lines = Lines(facts.lines, facts.all_blank, facts.starts)
     try:
