@@ -9,7 +9,7 @@ import time
 
 import pytest
 from eagle3proto import events as ev
-from eagle3proto import paths
+from eagle3proto import locks, paths
 from eagle3proto.journalread import list_segments
 from eagle3top import sources
 from monitor_helpers import (
@@ -197,10 +197,12 @@ def test_text_output_has_no_colour_when_piped_and_help_documents_exit_codes(tmp_
 
 #: What ``--once`` on this host has no use for: the TUI's and the daemon's libraries, and the
 #: standard library's modules only a remote host, the daemon's writer or argparse's help
-#: width needs (each is start time a health check pays on every call).
+#: width needs (each is start time a health check pays on every call); ``typing_extensions``
+#: (with ``inspect``) is what msgspec would load for itself (see ``eagle3top.boot``).
 NOT_FOR_ONCE = (
     *("textual", "torch", "rich", "sglang", "asyncio"),
     *("dataclasses", "subprocess", "shlex", "threading", "shutil", "bz2", "lzma"),
+    *("typing_extensions", "inspect"),
 )
 
 
@@ -217,6 +219,18 @@ def test_once_imports_neither_textual_nor_torch(tmp_path, fmt_name: str) -> None
     p = subprocess.run([PY, "-c", code], capture_output=True, text=True, check=False)
     assert "HEAVY []" in p.stderr, p.stderr
     assert p.returncode == 2  # down: the journal has work left and nobody holds the lock
+
+
+def test_msgspec_loaded_lean_decodes_and_leaves_typing_extensions_importable() -> None:
+    code = (
+        "import sys, eagle3top.boot, msgspec; assert 'typing_extensions' not in sys.modules; "
+        "from eagle3proto import wire; from eagle3proto.reducer import ShardState; "
+        "s = wire.Snapshot(host='h', state=ShardState(pid=7, run='r')); "
+        "[p] = wire.FrameBuffer().feed(wire.encode(s)); assert wire.decode_payload(p) == s; "
+        "import typing_extensions, textual.app; print('OK', msgspec._utils._get_type_hints.__module__)"
+    )
+    p = subprocess.run([PY, "-c", code], capture_output=True, text=True, check=False)
+    assert p.stdout.split() == ["OK", "typing"], p.stderr
 
 
 def test_remote_once_through_the_stream_relay(tmp_path) -> None:
@@ -255,6 +269,27 @@ def test_lock_probe_with_and_without_proc_locks(tmp_path) -> None:
         assert sources.lock_held(lock, proc_locks="/nonexistent") is True
     assert sources.lock_held(lock) is False
     assert sources.lock_held(lock, proc_locks="/nonexistent") is False
+
+
+def test_an_early_lock_table_read_is_taken_once_and_only_while_fresh(tmp_path, monkeypatch) -> None:
+    """``locks.read_early`` (begun at the monitor's import) answers the next ``holders``
+    of ``/proc/locks`` only, once, and only while fresh; otherwise the table is read again."""
+    out = str(tmp_path)
+    lock = paths.lock_path(out, paths.Shard(0, 1))
+    os.makedirs(os.path.dirname(lock))
+    open(lock, "w").close()
+    monkeypatch.setattr(locks, "EARLY_MAX_AGE_S", 60.0)
+    locks.read_early()
+    with locks._early_done:  # the read is over before the lock is taken
+        pass
+    with hold_lock(out):
+        assert locks.holders(lock, proc_locks="/nonexistent") is None  # another table: not it
+        assert locks.holders(lock) == []  # the early read's answer, from before the lock
+        assert locks.holders(lock) == [os.getpid()]  # taken once: now read again
+    monkeypatch.setattr(locks, "EARLY_MAX_AGE_S", 0.0)
+    locks.read_early()
+    with hold_lock(out):
+        assert locks.holders(lock) == [os.getpid()]  # the early read is too old: read again
 
 
 def test_socket_path_comes_from_the_newest_run_started(tmp_path) -> None:

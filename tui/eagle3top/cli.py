@@ -7,6 +7,7 @@ import os
 import sys
 import time
 
+from . import boot  # noqa: F401  (first: what every monitor start begins with)
 from .report import EXIT_CODES_HELP
 from .sources import remote_args, targets
 

@@ -170,51 +170,38 @@ def newest_socket(jdir: str, probe_bytes: int = 1 << 16) -> str:
     return ""
 
 
-def lock_held(path: str, proc_locks: str = "/proc/locks") -> bool:
+def lock_held(path: str, proc_locks: str = locks.PROC_LOCKS) -> bool:
     """Whether some process holds an ``flock`` on ``path`` (the daemon's shard lock)."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return False
-    try:
-        with open(proc_locks) as f:
-            text = f.read()
-    except OSError:
-        return _flock_probe(path)
-    want = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-    ino = f":{st.st_ino}"
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) < 6 or parts[1] == "->" or parts[1] != "FLOCK":
-            continue
-        where = parts[5]
-        # Overlay filesystems report the lower device; the inode still identifies the file.
-        if where == want or where.endswith(ino):
-            return True
-    return False
+    held = locks.holders(path, proc_locks)
+    return _flock_probe(path) if held is None else bool(held)
 
 
 def daemon_alive(path: str, state: reducer.ShardState | None) -> bool:
     """Whether the daemon the journal names holds the shard lock at ``path``: a lock held
     by any other process (a pid reused, another user's program) is not a live daemon."""
+    return liveness(path, state)[0]
+
+
+def liveness(path: str, state: reducer.ShardState | None) -> tuple[bool, str]:
+    """:func:`daemon_alive`, and '' unless the shard lock is held by a process that is not
+    the journal's daemon; then who holds it, for the monitor to say. One read of
+    ``/proc/locks`` answers both."""
     held = locks.holders(path)
     if held is None:  # no /proc/locks: the lock alone, as before
-        return _flock_probe(path) if os.path.exists(path) else False
+        return (_flock_probe(path) if os.path.exists(path) else False), ""
     if not held:
-        return False
-    if state is None or state.pid <= 0:
-        return False  # no daemon named: nobody to recognise
-    return any(p == state.pid and locks.is_process(p, state.pid_start, state.boot_id) for p in held)
-
-
-def foreign_holder(path: str, state: reducer.ShardState | None) -> str:
-    """'' unless the shard lock is held by a process that is not the journal's daemon; then
-    who holds it (from /proc/locks), for the monitor to say."""
-    held = locks.holders(path) or []
-    if not held or daemon_alive(path, state):
-        return ""
+        return False, ""
+    if state is not None and _holds(state, held):
+        return True, ""
     who = ", ".join(locks.describe(p) for p in held)
-    return f"the shard lock {path} is held by {who}, not by this journal's daemon"
+    return False, f"the shard lock {path} is held by {who}, not by this journal's daemon"
+
+
+def _holds(state: reducer.ShardState, held: list[int]) -> bool:
+    """Whether the daemon ``state`` names (its pid, start time and boot) is among ``held``."""
+    return state.pid > 0 and any(
+        locks.is_process(p, state.pid_start, state.boot_id) for p in held if p == state.pid
+    )
 
 
 def _flock_probe(path: str) -> bool:
@@ -326,8 +313,7 @@ def once_local(t: Target) -> Row:
             row.notes.append(refused)
         row.state = state
         row.source, row.conn = "journal", "journal"
-        row.alive = daemon_alive(t.lock, state) if t.lock else None
-        foreign = foreign_holder(t.lock, state) if t.lock else ""
+        row.alive, foreign = liveness(t.lock, state) if t.lock else (None, "")
         if foreign:
             row.notes.append(foreign)
         for p in rep.problems:
