@@ -6,6 +6,7 @@ import io
 import os
 import struct
 import zipfile
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,59 @@ def test_data_pkl_is_byte_for_byte_torch_saves(t: int, dtype: torch.dtype) -> No
     torch.save(sample, buf)
     theirs = zipfile.ZipFile(io.BytesIO(buf.getvalue())).read("archive/data.pkl")
     assert ckpt.data_pkl(sample) == theirs
+
+
+@pytest.mark.parametrize("name", sorted(ckpt.DTYPES))
+def test_every_dtype_pickles_as_torch_saves_it(name: str) -> None:
+    """The record is written without torch (stand-ins for its classes and functions): for
+    each dtype of the table, the bytes torch.save writes, sizes and repeats included."""
+    dtype = getattr(torch, name)
+    sample = {
+        "a": torch.zeros(5, dtype=torch.int64),
+        "b": torch.zeros(1, 3, 4).to(dtype),
+        "c": torch.zeros(300, 2).to(dtype),
+    }
+    buf = io.BytesIO()
+    torch.save(sample, buf)
+    theirs = zipfile.ZipFile(io.BytesIO(buf.getvalue())).read("archive/data.pkl")
+    assert ckpt.data_pkl(sample) == theirs
+    assert ckpt.DTYPES[name][0] == dtype.itemsize
+
+
+def test_the_dtype_table_names_torchs_storage_classes() -> None:
+    theirs = {
+        ckpt.dtype_name(d): cls for d, cls in torch.storage._dtype_to_storage_type_map().items()
+    }
+    for name, (_, cls) in ckpt.DTYPES.items():
+        assert theirs.get(name, "") == cls, name
+
+
+def test_a_plan_is_the_file_torch_tensors_give(tmp_path: Path) -> None:
+    """:func:`ckpt.plan` (dtype names and shapes, no tensors) lays out the file
+    :func:`ckpt.write` writes from real tensors of those shapes, byte for byte but for the
+    serialization id."""
+    sample = _sample(37, 64, torch.bfloat16)
+    spec = tuple((k, ckpt.dtype_name(v.dtype), tuple(v.shape)) for k, v in sample.items())
+    p = ckpt.plan(spec)
+    buf = bytearray(p.total)
+    mv = memoryview(buf)
+    ckpt.fill(p, mv)
+    for (at, n), t in zip(p.slots, sample.values(), strict=True):
+        mv[at : at + n] = ckpt.raw_bytes(t)
+    sealed = ckpt.seal(p, mv)
+    path = tmp_path / "s.ckpt"
+    written = _write(path, sample)
+    theirs = path.read_bytes()
+    assert (sealed.nbytes, len(buf)) == (written.nbytes, len(theirs))
+    ours, theirs_zip = zipfile.ZipFile(io.BytesIO(buf)), zipfile.ZipFile(io.BytesIO(theirs))
+    assert ours.testzip() is None and zlib.crc32(buf) == sealed.crc
+    layout = [(i.filename, i.header_offset, i.file_size) for i in ours.infolist()]
+    assert layout == [(i.filename, i.header_offset, i.file_size) for i in theirs_zip.infolist()]
+    for name, *_ in layout:
+        if not name.endswith("serialization_id"):
+            assert ours.read(name) == theirs_zip.read(name), name
+    loaded = torch.load(io.BytesIO(buf), weights_only=True)
+    assert all(torch.equal(loaded[k], v) for k, v in sample.items())
 
 
 def test_data_pkl_cached_by_shape_keeps_each_tensors_own_strides() -> None:

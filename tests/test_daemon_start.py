@@ -96,6 +96,42 @@ def test_without_the_space_check_the_workers_still_start_before_torch_is_importe
     assert seen and all(s == ["launch", False, False] for s in seen), seen
 
 
+# The daemon's own command, with what it imported by its end recorded.
+_IMPORTED = """
+import json, sys
+from eagle3d.cli import main
+code = main(sys.argv[2:])
+heavy = [m for m in ("torch", "transformers", "safetensors") if m in sys.modules]
+open(sys.argv[1], "w").write(json.dumps(heavy))
+sys.exit(code)
+"""
+
+
+@pytest.mark.skipif(
+    any(os.path.exists(p) for p in GPU_DEVICE_NODES), reason="a GPU host counts its GPUs with torch"
+)
+def test_a_resume_commits_without_importing_torch(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A resume (the tokenizer kept beside the journal, the dumps in the stored format, as
+    the HF workers write them) commits every sample without the daemon importing torch,
+    transformers or safetensors: a second of CPU each resume no longer pays (issue #32)."""
+    data, out, seen = tmp_path / "data.jsonl", tmp_path / "out", tmp_path / "seen.json"
+    runkit.dataset(data, 6, malformed=False)
+    assert runkit.run(tiny_model_dir, data, out).returncode == 0
+    runkit.dataset(data, 14, malformed=False)  # more rows: the job resumed as forced
+    argv = runkit.run_args(tiny_model_dir, data, out, "--force-resume")[3:]
+    r = subprocess.run(
+        [sys.executable, "-c", _IMPORTED, str(seen), *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=runkit.env_without_faults(),
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    runkit.assert_complete(out, set(range(14)), set())
+    assert "tokenizer: as kept" in r.stderr
+    assert json.loads(seen.read_text()) == []
+
+
 def test_a_start_refused_while_the_workers_load_ends_at_once_and_leaves_none(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:

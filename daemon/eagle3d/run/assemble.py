@@ -171,14 +171,9 @@ def assemble(
     removes what an earlier run left in the dump area), the running pipeline around
     ``ledger`` with them, and the ticker around ``producer`` (made, and starting, already).
     Each piece's close goes on ``stack`` as it is made: they close in the reverse order."""
-    import torch
-
     from eagle3d.dumps.watcher import DumpWatcher
 
     facts, rec = opened.facts, opened.recorder
-    # The daemon's own tensor work (validate, write) is memory-bound: one intra-op thread,
-    # so OpenMP spinning never steals cores from a producer on the same host.
-    torch.set_num_threads(1)
     committer = _committer(cfg, opened, where)
     reaper = Reaper(limit_for(where.dump_dir))
     stack.callback(reaper.close)

@@ -35,7 +35,7 @@ import pickle
 import struct
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from eagle3d.remote.dumpfile import writev_all
 from eagle3d.store.crc import crc32
@@ -58,12 +58,57 @@ class Written:
     crc: int
 
 
+#: torch dtype name -> (bytes per element, the legacy typed-storage class ``torch.save``
+#: records for it: "" for a dtype it records with an untyped storage counted in bytes and
+#: ``_rebuild_tensor_v3``). A test holds the classes to torch's own table.
+DTYPES: dict[str, tuple[int, str]] = {
+    "float64": (8, "DoubleStorage"),
+    "float32": (4, "FloatStorage"),
+    "float16": (2, "HalfStorage"),
+    "bfloat16": (2, "BFloat16Storage"),
+    "int64": (8, "LongStorage"),
+    "int32": (4, "IntStorage"),
+    "int16": (2, "ShortStorage"),
+    "int8": (1, "CharStorage"),
+    "uint8": (1, "ByteStorage"),
+    "bool": (1, "BoolStorage"),
+    "float8_e4m3fn": (1, ""),
+}
+
+
+def dtype_name(dtype: Any) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"``: the key of :data:`DTYPES`."""
+    return str(dtype).removeprefix("torch.")
+
+
+class _Global:
+    """Stands for a module-level name (a class, a function, a dtype) in ``data.pkl``:
+    pickled as ``GLOBAL module name``, as the pickler pickles the object itself, but
+    without importing its module (torch) to check that it is there."""
+
+    __slots__ = ("module", "name")
+
+    def __init__(self, module: str, name: str) -> None:
+        self.module, self.name = module, name
+
+    def __call__(self, *args: Any) -> Any:
+        # The pickler takes only a callable as a reduce's function; this one is never called.
+        raise TypeError(f"{self.module}.{self.name} is a stand-in for pickling")
+
+
+@functools.cache
+def _global(module: str, name: str) -> _Global:
+    # One object per name: the pickler memoizes it, and a second use is a BINGET, as for
+    # the real class.
+    return _Global(module, name)
+
+
 class _Storage:
     """Stands for a tensor's storage: pickled as a persistent id, as torch does."""
 
     __slots__ = ("cls", "key", "numel")
 
-    def __init__(self, cls: Any, key: str, numel: int) -> None:
+    def __init__(self, cls: _Global, key: str, numel: int) -> None:
         self.cls, self.key, self.numel = cls, key, numel
 
 
@@ -79,68 +124,58 @@ class _Tensor:
         storage: _Storage,
         shape: tuple[int, ...],
         stride: tuple[int, ...],
-        dtype: Any = None,
+        dtype: _Global | None = None,
     ):
         self.storage, self.shape, self.stride, self.dtype = storage, shape, stride, dtype
 
     def __reduce_ex__(self, protocol: Any) -> Any:
-        from torch._utils import _rebuild_tensor_v2, _rebuild_tensor_v3
-
         args: tuple[Any, ...] = (self.storage, 0, self.shape, self.stride, False, OrderedDict())
         if self.dtype is not None:
-            return (_rebuild_tensor_v3, (*args, self.dtype))
-        return (_rebuild_tensor_v2, args)
+            return (_global("torch._utils", "_rebuild_tensor_v3"), (*args, self.dtype))
+        return (_global("torch._utils", "_rebuild_tensor_v2"), args)
 
 
-class _Pickler(pickle.Pickler):
+class _Pickler(pickle._Pickler):
+    """Python's own pickler (the C one checks each global by importing its module), with
+    :class:`_Global` written as the global it stands for. Protocol 2 has no framing: the
+    bytes are the C pickler's (a test holds them to ``torch.save``'s)."""
+
     def persistent_id(self, obj: Any) -> Any:
         if isinstance(obj, _Storage):
             return ("storage", obj.cls, obj.key, "cpu", obj.numel)
         return None
 
+    def _save_global(self, obj: _Global) -> None:
+        me: Any = self  # the Python pickler's write and memoize: not in typeshed's stub
+        me.write(pickle.GLOBAL + f"{obj.module}\n{obj.name}\n".encode())
+        me.memoize(obj)
 
-#: Dtypes without a typed storage class that this writer takes, as torch.save writes them
-#: (an untyped storage counted in bytes, ``_rebuild_tensor_v3``): the fp8 storage format's.
-_UNTYPED = ("float8_e4m3fn",)
-
-
-@functools.cache
-def _storage_classes() -> dict[Any, str]:
-    """dtype -> the legacy typed-storage class name torch.save records ("FloatStorage"),
-    or "" for the :data:`_UNTYPED` dtypes it records with an untyped storage."""
-    import torch
-
-    try:
-        names = dict(torch.storage._dtype_to_storage_type_map())
-    except AttributeError:  # pragma: no cover - a torch without it: fits() says no
-        return {}
-    names.update((getattr(torch, n), "") for n in _UNTYPED if hasattr(torch, n))
-    return names
+    dispatch: ClassVar[dict[type, Any]] = {**pickle._Pickler.dispatch, _Global: _save_global}
 
 
 def data_pkl(tensors: dict[str, torch.Tensor]) -> bytes:
     """The ``data.pkl`` record ``torch.save`` writes for a dict of contiguous CPU tensors."""
     return _data_pkl(
-        tuple((name, t.dtype, tuple(t.shape), t.stride()) for name, t in tensors.items())
+        tuple(
+            (name, dtype_name(t.dtype), tuple(t.shape), t.stride()) for name, t in tensors.items()
+        )
     )
 
 
 @functools.lru_cache(maxsize=4096)
-def _data_pkl(spec: tuple[tuple[str, Any, tuple[int, ...], tuple[int, ...]], ...]) -> bytes:
+def _data_pkl(spec: tuple[tuple[str, str, tuple[int, ...], tuple[int, ...]], ...]) -> bytes:
     # Cached: the record depends only on names, dtypes, shapes and strides, and a job's
     # samples repeat their lengths. Pickling it was a fifth of building an archive.
-    import torch
-
-    names = _storage_classes()
     objs = {}
     for key, (name, dtype, shape, stride) in enumerate(spec):
-        if names[dtype]:
-            storage = _Storage(getattr(torch, names[dtype]), str(key), math.prod(shape))
+        itemsize, cls = DTYPES[dtype]
+        if cls:
+            storage = _Storage(_global("torch", cls), str(key), math.prod(shape))
             objs[name] = _Tensor(storage, shape, stride)
         else:  # counted in bytes, and the dtype goes with the tensor
-            n = math.prod(shape) * dtype.itemsize
-            storage = _Storage(torch.storage.UntypedStorage, str(key), n)
-            objs[name] = _Tensor(storage, shape, stride, dtype)
+            untyped = _global("torch.storage", "UntypedStorage")
+            storage = _Storage(untyped, str(key), math.prod(shape) * itemsize)
+            objs[name] = _Tensor(storage, shape, stride, _global("torch", dtype))
     buf = io.BytesIO()
     _Pickler(buf, protocol=2).dump(objs)
     return buf.getvalue()
@@ -157,11 +192,10 @@ def raw_bytes(t: torch.Tensor) -> memoryview:
 def fits(tensors: dict[str, torch.Tensor]) -> bool:
     """Whether the archive is small enough for this writer (and every tensor qualifies)."""
     total = 0
-    names = _storage_classes()
     for t in tensors.values():
         if t.device.type != "cpu" or not t.is_contiguous() or t.requires_grad:
             return False
-        if t.dtype not in names:
+        if dtype_name(t.dtype) not in DTYPES:
             return False
         total += t.numel() * t.element_size() + 256
     return total < _LIMIT
@@ -306,24 +340,31 @@ class Plan:
 
 
 @functools.lru_cache(maxsize=1024)
-def plan(spec: tuple[tuple[str, Any, tuple[int, ...]], ...]) -> Plan:
-    """The :class:`Plan` for contiguous tensors given as ((name, dtype, shape), ...)."""
-    import torch
-
-    tensors = {name: torch.empty(shape, dtype=dtype, device="meta") for name, dtype, shape in spec}
+def plan(spec: tuple[tuple[str, str, tuple[int, ...]], ...]) -> Plan:
+    """The :class:`Plan` for contiguous tensors given as ((name, dtype name, shape), ...)
+    (dtype names as :data:`DTYPES` keys them); imports no torch."""
+    strides = []
+    for _, _, shape in spec:
+        stride, step = [], 1
+        for dim in reversed(shape):
+            stride.append(step)
+            step *= dim
+        strides.append(tuple(reversed(stride)))
+    pkl = _data_pkl(tuple((n, d, sh, st) for (n, d, sh), st in zip(spec, strides, strict=True)))
+    sizes = [math.prod(shape) * DTYPES[dtype][0] for _, dtype, shape in spec]
     a = _Archive()
-    a.record("archive/data.pkl", data_pkl(tensors))
+    a.record("archive/data.pkl", pkl)
     a.record("archive/.format_version", b"1")
     a.record("archive/.storage_alignment", b"64")
     a.record("archive/byteorder", b"little")
     first = len(a.entries)
-    for key, t in enumerate(tensors.values()):
-        a.record(f"archive/data/{key}", _Hole(t.numel() * t.element_size()))
+    for key, size in enumerate(sizes):
+        a.record(f"archive/data/{key}", _Hole(size))
     a.record("archive/version", b"3\n")
     a.record("archive/.data/serialization_id", b"0" * 40)
     central = a.pos
     a.finish()
-    variable_records = [*range(first, first + len(tensors)), len(a.entries) - 1]
+    variable_records = [*range(first, first + len(spec)), len(a.entries) - 1]
     variable = []
     for j, (raw, _crc, size, offset) in enumerate(a.entries):
         pos = central

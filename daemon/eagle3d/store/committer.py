@@ -28,6 +28,7 @@ import functools
 import itertools
 import logging
 import os
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,7 +45,7 @@ from eagle3d.store import fp8, splice
 from eagle3d.store.directio import DirectBuffer, flush_direct
 from eagle3d.store.reference import ChecksumWriter, save
 from eagle3d.store.rowdirs import RowDirs
-from eagle3d.store.validate import all_finite, validate
+from eagle3d.store.validate import validate
 
 log = logging.getLogger("eagle3d")
 
@@ -111,18 +112,25 @@ class Committer:
         self._local = threading.local()
         self._lock = threading.Lock()
         self._n = itertools.count()
+        self._torch_threads_set = False
 
     def warm_up(self) -> None:
-        """Pay torch's and safetensors' lazy imports at start, not inside the first commits."""
-        import io
+        """Pay the fast path's lazy imports (numpy, the CRC, the archive's layout) at start,
+        not inside the first commits. torch and safetensors load only when a dump needs
+        the general path (another dtype than stored, a failed check, a torch.save writer):
+        a second of CPU that a resume of the usual job no longer pays."""
+        splice.warm_up(self.store)
+        self._one_torch_thread()
 
-        import torch
-        from safetensors.torch import load, save
-
-        x = {"x": torch.zeros(4, dtype=torch.bfloat16)}
-        torch.save(x, io.BytesIO())
-        load(save(x))
-        all_finite(x["x"])
+    def _one_torch_thread(self) -> None:
+        """Once torch is loaded (by whatever needed it first), give its work here one
+        intra-op thread: the daemon's tensor work (casts, the general path's checks) is
+        memory-bound, and OpenMP's spinning threads would take cores from a producer on the
+        same host. Checked after each stage of a batch: a commit that loads torch runs at
+        most that one sample with torch's default threads."""
+        if not self._torch_threads_set and "torch" in sys.modules:
+            sys.modules["torch"].set_num_threads(1)
+            self._torch_threads_set = True
 
     def clean_temp_files(self) -> int:
         """Remove the temp files a crash left in the staging folder (the one folder listed:
@@ -201,6 +209,7 @@ class Committer:
                     written.append((k, *stage()))
                 except (CommitError, BadDump) as e:
                     out[k] = e
+                self._one_torch_thread()
         except BaseException:  # a bug: leave no descriptor or temp file behind
             for _, fd, tmp, *_rest in written:
                 os.close(fd)

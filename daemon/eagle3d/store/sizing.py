@@ -42,21 +42,13 @@ DEFAULT_RESERVE = "256M"
 @functools.lru_cache(maxsize=65536)
 def file_bytes(tokens: int, hidden: int, n_layers: int, fmt: StoreFormat) -> int:
     """The exact size of the file of a ``tokens``-token sample in format ``fmt``."""
-    import torch
-
     from eagle3d.store import archive as ckpt
-    from eagle3d.store.splice import fp8_spec
+    from eagle3d.store.splice import fp8_spec, states_spec
 
     if fmt.scaled:
         spec = fp8_spec(tokens, hidden, n_layers)
     else:
-        dtype = getattr(torch, fmt.torch_dtype)
-        spec = (
-            ("input_ids", torch.int64, (tokens,)),
-            ("loss_mask", torch.int64, (tokens,)),
-            ("hidden_state", dtype, (1, tokens, hidden)),
-            ("aux_hidden_state", dtype, (1, tokens, n_layers * hidden)),
-        )
+        spec = states_spec(tokens, hidden, n_layers, fmt.torch_dtype)
     return ckpt.plan(spec).total
 
 

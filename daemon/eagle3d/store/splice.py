@@ -46,6 +46,7 @@ from eagle3d.store.directio import DirectBuffer
 
 # safetensors dtype -> torch dtype name, for the states (the ids are I64).
 _STATES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
+_CODES = {name: code for code, name in _STATES.items()}
 _NAMES = {"input_ids", "aux_hidden_state", "hidden_state"}
 _SCALED_NAMES = _NAMES | {"aux_hidden_state" + SCALE_SUFFIX, "hidden_state" + SCALE_SUFFIX}
 
@@ -96,7 +97,6 @@ def stage(
     general path (see the module's docstring), or when the archive would exceed ``limit``
     bytes. Raises DumpVanished if the file is gone.
     """
-    import torch
 
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -123,14 +123,7 @@ def stage(
         code = store.safetensors if store is not None else hid[0]
         if code not in _STATES:
             return None
-        dtype = getattr(torch, _STATES[code])
-        spec = (
-            ("input_ids", torch.int64, (t,)),
-            ("loss_mask", torch.int64, (t,)),
-            ("hidden_state", dtype, (1, t, hidden_size)),
-            ("aux_hidden_state", dtype, (1, t, len(layers) * hidden_size)),
-        )
-        plan = ckpt.plan(spec)
+        plan = ckpt.plan(states_spec(t, hidden_size, len(layers), _STATES[code]))
         if plan.total > limit or len(loss_mask) != t:
             return None
         view = buf.view(plan.total)
@@ -155,6 +148,17 @@ def stage(
         return None
     finally:
         os.close(fd)
+
+
+def warm_up(store: StoreFormat | None) -> None:
+    """Import and run once what :func:`stage` uses for dumps in the stored format (the
+    archive's layout and pickle, the NaN/Inf check, the CRC-32); imports no torch unless
+    the states are stored as float32."""
+    scaled = store is not None and store.scaled
+    dtype = store.torch_dtype if store is not None else "bfloat16"
+    ckpt.plan(fp8_spec(1, 8, 1) if scaled else states_spec(1, 8, 1, dtype))
+    finite(bytes(8), "F8_E4M3" if scaled else _CODES.get(dtype, "BF16"))
+    crc32(bytes(8), 0)
 
 
 def _stage_scaled(
@@ -270,20 +274,26 @@ def _positive(raw: Any) -> bool:
     return bool(a.size == 0 or a.min() > 0)
 
 
-def fp8_spec(
-    t: int, hidden_size: int, n_layers: int
-) -> tuple[tuple[str, Any, tuple[int, ...]], ...]:
-    """The tensors of an fp8 sample file of ``t`` tokens, as :func:`ckpt.plan` takes them."""
-    import torch
+Spec = tuple[tuple[str, str, tuple[int, ...]], ...]
 
-    f8, f32 = torch.float8_e4m3fn, torch.float32
+
+def states_spec(t: int, hidden_size: int, n_layers: int, dtype: str) -> Spec:
+    """The tensors of a sample file of ``t`` tokens whose states are ``dtype`` (a torch
+    dtype's name), as :func:`ckpt.plan` takes them."""
     return (
-        ("input_ids", torch.int64, (t,)),
-        ("loss_mask", torch.int64, (t,)),
-        ("hidden_state", f8, (1, t, hidden_size)),
-        ("aux_hidden_state", f8, (1, t, n_layers * hidden_size)),
-        ("hidden_state" + SCALE_SUFFIX, f32, (1, t, 1)),
-        ("aux_hidden_state" + SCALE_SUFFIX, f32, (1, t, 1)),
+        ("input_ids", "int64", (t,)),
+        ("loss_mask", "int64", (t,)),
+        ("hidden_state", dtype, (1, t, hidden_size)),
+        ("aux_hidden_state", dtype, (1, t, n_layers * hidden_size)),
+    )
+
+
+def fp8_spec(t: int, hidden_size: int, n_layers: int) -> Spec:
+    """The tensors of an fp8 sample file of ``t`` tokens, as :func:`ckpt.plan` takes them."""
+    return (
+        *states_spec(t, hidden_size, n_layers, "float8_e4m3fn"),
+        ("hidden_state" + SCALE_SUFFIX, "float32", (1, t, 1)),
+        ("aux_hidden_state" + SCALE_SUFFIX, "float32", (1, t, 1)),
     )
 
 
@@ -384,7 +394,6 @@ def finite(raw: Any, dtype: str) -> bool:
     """True when the little-endian floats in ``raw`` (safetensors ``dtype``) hold no NaN
     or Inf; see :func:`eagle3d.store.validate.all_finite`."""
     import numpy as np
-    import torch
 
     from eagle3d.store.validate import finite_bits
 
@@ -393,7 +402,10 @@ def finite(raw: Any, dtype: str) -> bool:
     if dtype == "F32":
         # A NaN or an Inf makes the sum NaN or infinite whatever the order of additions: a
         # finite sum proves every element finite (an overflowing one is decided below).
-        # torch's sum, over the same memory: a third of numpy's time here.
+        # torch's sum, over the same memory: a third of numpy's time here (float32 states
+        # are the rare format: the others check without torch's import).
+        import torch
+
         if math.isfinite(torch.frombuffer(raw, dtype=torch.float32).sum()):
             return True
         return finite_bits(np.frombuffer(raw, np.int32), 0x7F800000)
