@@ -8,8 +8,12 @@ per byte is multiplied by ~1 GB/s per GPU (issue #32). This measures that cost a
   nothing), an h2048 model config (``--layers`` decoder layers, 3 captured), ``--samples``
   samples of ``--convs`` distinct conversations repeated, the output on ``--dir``'s disk,
   the dumps in /dev/shm; its CPU (user + system, every thread) from ``getrusage``;
-* **its fixed start**: the same job on a one-sample dataset (imports, tokenizer, journal,
-  zygote where there is one, the stop): what a resume pays again;
+* **its fixed start**, as every resume pays it: the job is first run on its first row (a
+  first start: the tokenizer loaded by transformers and kept beside the journal), then
+  resumed on its first two rows (``--force-resume``: one sample more; imports, the kept
+  tokenizer, journal, the stop): that resume's CPU is the start; the measured run is the
+  resume on every row after it (start included). ``--fresh`` measures first starts instead
+  (a one-row job for the start, then the whole job on a fresh output);
 * **the floor**: one ``memcpy`` of the committed bytes (numpy, in this process: the read of
   a dump the daemon cannot avoid) plus ``dd if=/dev/zero bs=16M oflag=direct conv=fsync``
   writing them to the same disk (``dd``'s user + system CPU).
@@ -136,9 +140,11 @@ def run_daemon(
     threads: int,
     wrap: list[str] | None = None,
     extra: tuple[str, ...] = (),
+    fresh: bool = True,
 ) -> dict[str, Any]:
-    """One ``eagle3d run``; its CPU, its CPU by thread, what it committed."""
-    for stale in (out, Path(dumps)):
+    """One ``eagle3d run`` (on a fresh output, or resuming the one there); its CPU, its
+    CPU by thread, what the output holds after it."""
+    for stale in (out, Path(dumps)) if fresh else ():
         shutil.rmtree(stale, ignore_errors=True)
     os.sync()
     cmd = [
@@ -164,6 +170,7 @@ def run_daemon(
         "--commit-threads",
         str(threads),
         *extra,
+        *(() if fresh else ("--force-resume",)),
     ]
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.monotonic()
@@ -251,6 +258,7 @@ def main() -> int:
     p.add_argument("--strace", action="store_true")
     p.add_argument("--py-spy", action="store_true")
     p.add_argument("--json", default="", help="also write the figures here")
+    p.add_argument("--fresh", action="store_true", help="first starts (see the docstring)")
     a = p.parse_args()
 
     base = Path(tempfile.mkdtemp(prefix="bench-commit-cpu-", dir=a.dir))
@@ -259,7 +267,8 @@ def main() -> int:
     try:
         model = model_dir(base, a.hidden, a.layers)
         data = dataset(base / "data.jsonl", a.samples, a.convs, a.tokens)
-        one = dataset(base / "one.jsonl", 1, 1, a.tokens)
+        one = dataset(base / "one.jsonl", 1, 1, a.tokens)  # the first row of data.jsonl
+        two = dataset(base / "two.jsonl", 2, a.convs, a.tokens)  # its first two rows
         for r in range(a.rounds):
             for fmt in a.formats.split(","):
 
@@ -267,12 +276,20 @@ def main() -> int:
                     wrap: list[str] | None = None,
                     d: Path = data,
                     fmt: str = fmt,
+                    fresh: bool = True,
                 ) -> dict[str, Any]:
-                    return run_daemon(model, d, base / "out", shm, fmt, a.threads, wrap)
+                    out = base / "out"
+                    return run_daemon(model, d, out, shm, fmt, a.threads, wrap, fresh=fresh)
 
-                start = run(d=one)
-                full = run()
-                nbytes = full["bytes"]
+                if a.fresh:
+                    first = start = run(d=one)
+                    full = run()
+                    nbytes = full["bytes"]
+                else:
+                    first = run(d=one)
+                    start = run(d=two, fresh=False)
+                    full = run(fresh=False)
+                    nbytes = full["bytes"] - start["bytes"]
                 copy = memcpy_cpu(nbytes)
                 dd, dd_wall = dd_cpu(base, nbytes)
                 floor = copy + dd
@@ -285,6 +302,8 @@ def main() -> int:
                     "daemon_sys": full["sys"],
                     "daemon_wall": full["wall"],
                     "start_cpu": start["cpu"],
+                    "first_start_cpu": first["cpu"],
+                    "resumed": not a.fresh,
                     "memcpy_cpu": copy,
                     "dd_cpu": dd,
                     "dd_wall": dd_wall,
@@ -296,6 +315,8 @@ def main() -> int:
                     # (writing each conversation's first dump, linking the rest) are the
                     # benchmark's producer, not the commit path.
                     "producer_cpu": full["threads"].get("synthetic", 0.0),
+                    "ratio_less_producer": (full["cpu"] - full["threads"].get("synthetic", 0.0))
+                    / floor,
                     "ratio_commit_path": (
                         full["cpu"] - start["cpu"] - full["threads"].get("synthetic", 0.0)
                     )
@@ -341,8 +362,9 @@ def report(fmt: str, r: int, row: dict[str, Any]) -> None:
     print(
         f"{fmt} round {r} (load {row['load']:.1f}): {row['samples']} samples, {gb:.2f} GB; "
         f"daemon {row['daemon_cpu']:.2f} CPU-s (user {row['daemon_user']:.2f}, "
-        f"sys {row['daemon_sys']:.2f}, wall {row['daemon_wall']:.1f} s), start "
-        f"{row['start_cpu']:.2f}; floor {row['floor']:.2f} (memcpy {row['memcpy_cpu']:.2f} "
+        f"sys {row['daemon_sys']:.2f}, wall {row['daemon_wall']:.1f} s), "
+        f"{'resumed' if row['resumed'] else 'a first start'}; start "
+        f"{row['start_cpu']:.2f} (a first start {row['first_start_cpu']:.2f}); floor {row['floor']:.2f} (memcpy {row['memcpy_cpu']:.2f} "
         f"+ dd {row['dd_cpu']:.2f}, dd wall {row['dd_wall']:.1f} s); "
         f"ratio {row['ratio_with_start']:.2f} with the start, "
         f"{row['ratio_without_start']:.2f} without, {row['ratio_commit_path']:.2f} without "

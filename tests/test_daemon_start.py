@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import runkit
@@ -48,18 +49,25 @@ sys.exit(code)
 def _run(tiny_model_dir: Path, tmp_path: Path, *extra: str) -> tuple[list[list[object]], Path]:
     data = tmp_path / "data.jsonl"
     valid, malformed = runkit.dataset(data, 12)
-    out, seen = tmp_path / "out", tmp_path / "seen.json"
-    argv = runkit.run_args(tiny_model_dir, data, out, *extra)[3:]  # after "python -m eagle3d"
+    out = tmp_path / "out"
+    seen, _ = _recorded(_SCRIPT, runkit.run_args(tiny_model_dir, data, out, *extra), tmp_path)
+    runkit.assert_complete(out, valid, malformed)
+    return seen, out
+
+
+def _recorded(script: str, cmd: list[str], tmp_path: Path) -> tuple[Any, str]:
+    """Run the daemon's command ``cmd`` under ``script`` (which records what it saw to the
+    file its first argument names); what it recorded, and the daemon's stderr."""
+    seen = tmp_path / "seen.json"
     r = subprocess.run(
-        [sys.executable, "-c", _SCRIPT, str(seen), *argv],
+        [sys.executable, "-c", script, str(seen), *cmd[3:]],  # after "python -m eagle3d"
         capture_output=True,
         text=True,
         timeout=300,
         env=runkit.env_without_faults(),
     )
     assert r.returncode == 0, (r.returncode, r.stderr[-3000:])
-    runkit.assert_complete(out, valid, malformed)
-    return json.loads(seen.read_text()), out
+    return json.loads(seen.read_text()), r.stderr
 
 
 @pytest.mark.skipif(
@@ -114,22 +122,15 @@ def test_a_resume_commits_without_importing_torch(tiny_model_dir: Path, tmp_path
     """A resume (the tokenizer kept beside the journal, the dumps in the stored format, as
     the HF workers write them) commits every sample without the daemon importing torch,
     transformers or safetensors: a second of CPU each resume no longer pays (issue #32)."""
-    data, out, seen = tmp_path / "data.jsonl", tmp_path / "out", tmp_path / "seen.json"
+    data, out = tmp_path / "data.jsonl", tmp_path / "out"
     runkit.dataset(data, 6, malformed=False)
     assert runkit.run(tiny_model_dir, data, out).returncode == 0
     runkit.dataset(data, 14, malformed=False)  # more rows: the job resumed as forced
-    argv = runkit.run_args(tiny_model_dir, data, out, "--force-resume")[3:]
-    r = subprocess.run(
-        [sys.executable, "-c", _IMPORTED, str(seen), *argv],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=runkit.env_without_faults(),
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
+    cmd = runkit.run_args(tiny_model_dir, data, out, "--force-resume")
+    heavy, stderr = _recorded(_IMPORTED, cmd, tmp_path)
     runkit.assert_complete(out, set(range(14)), set())
-    assert "tokenizer: as kept" in r.stderr
-    assert json.loads(seen.read_text()) == []
+    assert "tokenizer: as kept" in stderr
+    assert heavy == []
 
 
 def test_a_start_refused_while_the_workers_load_ends_at_once_and_leaves_none(
