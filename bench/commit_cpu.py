@@ -16,7 +16,10 @@ per byte is multiplied by ~1 GB/s per GPU (issue #32). This measures that cost a
   (a one-row job for the start, then the whole job on a fresh output);
 * **the floor**: one ``memcpy`` of the committed bytes (numpy, in this process: the read of
   a dump the daemon cannot avoid) plus ``dd if=/dev/zero bs=16M oflag=direct conv=fsync``
-  writing them to the same disk (``dd``'s user + system CPU).
+  writing them to the same disk (``dd``'s user + system CPU);
+* **a second reference**: ``dd bs=16M oflag=direct conv=fsync`` moving the same number of
+  bytes from a file in the dump area (tmpfs) to that disk: the bytes' own way, where the
+  read from tmpfs is the kernel's copy out of 4 KiB page-cache pages, not one memcpy.
 
 It prints, per storage format, the daemon's CPU over the floor's with the start included
 and without (the whole run less the one-sample run), and the CPU by thread (the kernel's
@@ -236,6 +239,26 @@ def dd_cpu(base: Path, nbytes: int) -> tuple[float, float]:
     return ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime, wall
 
 
+def dd_from_dumps_cpu(shm: str, base: Path, nbytes: int) -> float:
+    """CPU seconds of ``dd bs=16M oflag=direct conv=fsync`` moving ``nbytes`` from a file in
+    the dump area (tmpfs) to the disk: the bytes' own way, a reference beside the floor."""
+    src = os.path.join(shm, "dd-source.bin")
+    fd = os.open(src, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, nbytes)
+    finally:
+        os.close(fd)
+    target = base / "dd.bin"
+    os.sync()
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cmd = ["dd", f"if={src}", f"of={target}", "bs=16M", "oflag=direct", "conv=fsync"]
+    subprocess.run(cmd, check=True, capture_output=True)
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    target.unlink()
+    os.unlink(src)
+    return ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime
+
+
 def strace_counts(run: Any, base: Path) -> str:
     """The daemon's syscalls (``strace -f -c``), the top 15 by time."""
     out = base / "strace.txt"
@@ -293,6 +316,7 @@ def main() -> int:
                 copy = memcpy_cpu(nbytes)
                 dd, dd_wall = dd_cpu(base, nbytes)
                 floor = copy + dd
+                moved = dd_from_dumps_cpu(shm, base, nbytes)
                 row = {
                     "load": os.getloadavg()[0],
                     "bytes": nbytes,
@@ -308,6 +332,12 @@ def main() -> int:
                     "dd_cpu": dd,
                     "dd_wall": dd_wall,
                     "floor": floor,
+                    "dd_from_dumps_cpu": moved,
+                    "ratio_to_dd_from_dumps": full["cpu"] / moved,
+                    "ratio_less_producer_to_dd_from_dumps": (
+                        full["cpu"] - full["threads"].get("synthetic", 0.0)
+                    )
+                    / moved,
                     "ratio_with_start": full["cpu"] / floor,
                     "ratio_without_start": (full["cpu"] - start["cpu"]) / floor,
                     "cpu_s_per_gb": (full["cpu"] - start["cpu"]) / (nbytes / 1e9),
@@ -369,7 +399,9 @@ def report(fmt: str, r: int, row: dict[str, Any]) -> None:
         f"ratio {row['ratio_with_start']:.2f} with the start, "
         f"{row['ratio_without_start']:.2f} without, {row['ratio_commit_path']:.2f} without "
         f"the producer's threads either ({row['producer_cpu']:.2f}); "
-        f"{row['cpu_s_per_gb']:.2f} CPU-s/GB beyond the start",
+        f"{row['cpu_s_per_gb']:.2f} CPU-s/GB beyond the start; against dd from the dump "
+        f"area ({row['dd_from_dumps_cpu']:.2f} CPU-s): {row['ratio_to_dd_from_dumps']:.2f}, "
+        f"{row['ratio_less_producer_to_dd_from_dumps']:.2f} without the producer's threads",
         flush=True,
     )
     busy = sorted(row["threads"].items(), key=lambda kv: -kv[1])
@@ -384,10 +416,12 @@ def report(fmt: str, r: int, row: dict[str, Any]) -> None:
 def summary(results: dict[str, list[dict[str, Any]]]) -> None:
     print(
         "\n| format | GB | daemon CPU-s | start CPU-s | floor CPU-s (memcpy + dd) | "
-        "ratio, start included | ratio, without the start | ratio, the commit path alone "
-        "(less the start and the producer's threads) | CPU-s/GB beyond the start |"
+        "ratio, start included | the same less the producer's threads | "
+        "ratio, without the start | the commit path alone (less the start and the "
+        "producer's threads) | CPU-s/GB beyond the start | dd from the dump area, CPU-s | "
+        "ratio to it, start included, less the producer |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for fmt, rows in results.items():
 
         def med(k: str, rows: list[dict[str, Any]] = rows) -> float:
@@ -397,8 +431,10 @@ def summary(results: dict[str, list[dict[str, Any]]]) -> None:
             f"| {fmt} | {med('bytes') / 1e9:.2f} | {med('daemon_cpu'):.2f} | "
             f"{med('start_cpu'):.2f} | {med('floor'):.2f} ({med('memcpy_cpu'):.2f} + "
             f"{med('dd_cpu'):.2f}) | **{med('ratio_with_start'):.2f}** | "
+            f"{med('ratio_less_producer'):.2f} | "
             f"{med('ratio_without_start'):.2f} | {med('ratio_commit_path'):.2f} | "
-            f"{med('cpu_s_per_gb'):.2f} |"
+            f"{med('cpu_s_per_gb'):.2f} | {med('dd_from_dumps_cpu'):.2f} | "
+            f"{med('ratio_less_producer_to_dd_from_dumps'):.2f} |"
         )
 
 
