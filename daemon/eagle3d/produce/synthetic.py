@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import os
 import threading
@@ -107,6 +108,7 @@ class SyntheticProducer(Producer):
     def _write(self, r: Request) -> None:
         import torch
 
+        _one_intra_op_thread()
         t = len(r.input_ids)
         key = tuple(r.input_ids)
         template = self._templates.get(key) if self.link else None
@@ -134,6 +136,8 @@ class SyntheticProducer(Producer):
         length: a server's states arrive by DMA, not by a CPU filling them, so only the
         dump's own write is this producer's work."""
         import torch
+
+        _one_intra_op_thread()
 
         hit = self._cache.get(t)
         if hit is None:
@@ -173,3 +177,13 @@ class SyntheticProducer(Producer):
         for keep in kept.values():
             with contextlib.suppress(OSError):
                 os.unlink(keep)
+
+
+@functools.cache
+def _one_intra_op_thread() -> None:
+    """Give torch one intra-op thread, once: this producer runs inside the daemon's
+    process, whose tensor work stays on one thread (OpenMP's spinning pool would take the
+    cores the commits use; :meth:`eagle3d.store.committer.Committer._one_torch_thread`)."""
+    import torch
+
+    torch.set_num_threads(1)
