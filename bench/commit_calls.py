@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""One commit thread's CPU per committed byte, by the calls it spends it in.
+
+``Committer.commit_files`` (the daemon's fast path: each dump read into its slot, checked
+for NaN/Inf and CRC'd in cache-sized chunks, written with ``O_DIRECT``, fdatasync'ed,
+renamed) over ``--samples`` dumps of ``--tokens`` x h``--hidden`` bfloat16 states (3 aux
+layers) in /dev/shm, batches of 8, on this thread; each call of interest wrapped to add
+its ``thread_time`` to a counter, "rest" the Python around them. The dumps are hard links
+of one file (its pages stay in memory; the daemon reads every dump once, cold).
+
+    .venv/bin/python bench/commit_calls.py [--samples 300] [--tokens 400] [--hidden 2048]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+SYSCALLS = ("pwrite", "fdatasync", "preadv", "fsync", "open", "rename", "close", "ftruncate")
+
+
+class _Os:
+    """The ``os`` module as a store module sees it, with some calls counted."""
+
+    def __init__(self, counted: dict[str, Callable[..., Any]]) -> None:
+        self._counted = counted
+
+    def __getattr__(self, name: str) -> Any:
+        return self._counted.get(name) or getattr(os, name)
+
+
+def _timed(f: Callable[..., Any], key: str, acc: collections.Counter[str]) -> Callable[..., Any]:
+    def call(*a: Any, **k: Any) -> Any:
+        t = time.thread_time()
+        try:
+            return f(*a, **k)
+        finally:
+            acc[key] += time.thread_time() - t
+
+    return call
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--samples", type=int, default=300)
+    p.add_argument("--tokens", type=int, default=400)
+    p.add_argument("--hidden", type=int, default=2048)
+    p.add_argument("--dir", default=str(ROOT / "bench"), help="where the output goes (its disk)")
+    a = p.parse_args()
+    import torch
+    from eagle3d.remote import storedtype
+    from eagle3d.remote.dumpfile import write_dump
+    from eagle3d.store import archive, committer, directio, splice
+
+    acc: collections.Counter[str] = collections.Counter()
+    fake = _Os({n: _timed(getattr(os, n), n, acc) for n in SYSCALLS})
+    for mod in (committer, splice, directio):
+        mod.os = fake  # type: ignore[attr-defined]
+    splice.finite = _timed(splice.finite, "NaN/Inf check", acc)  # type: ignore[assignment]
+    splice.crc32 = _timed(splice.crc32, "CRC-32", acc)
+    archive.crc32 = _timed(archive.crc32, "CRC-32 (seal)", acc)
+    layers = [1, 2, 3]
+    shm = tempfile.mkdtemp(prefix="bench-commit-calls-", dir="/dev/shm")
+    out = tempfile.mkdtemp(prefix="bench-commit-calls-", dir=a.dir)
+    try:
+        t = a.tokens
+        ids = torch.randint(7, 500, (t,))
+        aux = torch.randn(t, 3 * a.hidden).to(torch.bfloat16)
+        hid = torch.randn(t, a.hidden).to(torch.bfloat16)
+        one = write_dump(shm, "template", ids, aux, hid, layers)
+        for i in range(a.samples):
+            os.link(one, f"{shm}/d{i}.e3dump")
+        c = committer.Committer(
+            out, store=storedtype.get("bfloat16"), writer="archive", splice=True
+        )
+        c.warm_up()
+        acc.clear()
+        sent, mask = ids.tolist(), [1] * t
+        t0 = time.thread_time()
+        for b in range(0, a.samples, 8):
+            batch = [(i, sent, mask, f"{shm}/d{i}.e3dump") for i in range(b, min(a.samples, b + 8))]
+            bad = [r for r in c.commit_files(batch, a.hidden, layers) if isinstance(r, Exception)]
+            assert not bad, bad
+        cpu = time.thread_time() - t0
+        gb = a.samples * os.path.getsize(one) / 1e9
+        print(f"{a.samples} samples, {gb:.2f} GB: {cpu:.3f} CPU-s, {cpu / gb:.3f} CPU-s/GB")
+        for k, v in acc.most_common():
+            print(f"  {k:16s} {v / gb:.3f} CPU-s/GB")
+        print(f"  {'rest (Python)':16s} {(cpu - sum(acc.values())) / gb:.3f} CPU-s/GB")
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)
+        shutil.rmtree(out, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
