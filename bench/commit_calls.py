@@ -55,6 +55,11 @@ def main() -> int:
     p.add_argument("--tokens", type=int, default=400)
     p.add_argument("--hidden", type=int, default=2048)
     p.add_argument("--dir", default=str(ROOT / "bench"), help="where the output goes (its disk)")
+    p.add_argument(
+        "--dump-area",
+        default="/dev/shm",
+        help="where the dumps go: a tmpfs (mounted with huge=within_size for 2 MiB pages)",
+    )
     a = p.parse_args()
     import torch
     from eagle3d.remote import storedtype
@@ -69,7 +74,7 @@ def main() -> int:
     splice.crc32 = _timed(splice.crc32, "CRC-32", acc)
     archive.crc32 = _timed(archive.crc32, "CRC-32 (seal)", acc)
     layers = [1, 2, 3]
-    shm = tempfile.mkdtemp(prefix="bench-commit-calls-", dir="/dev/shm")
+    shm = tempfile.mkdtemp(prefix="bench-commit-calls-", dir=a.dump_area)
     out = tempfile.mkdtemp(prefix="bench-commit-calls-", dir=a.dir)
     try:
         t = a.tokens

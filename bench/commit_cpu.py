@@ -270,6 +270,11 @@ def strace_counts(run: Any, base: Path) -> str:
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--dir", default=str(ROOT / "bench"), help="where the output goes (its disk)")
+    p.add_argument(
+        "--dump-area",
+        default="/dev/shm",
+        help="where the dumps go: a tmpfs (mounted with huge=within_size for 2 MiB pages)",
+    )
     p.add_argument("--samples", type=int, default=600)
     p.add_argument("--convs", type=int, default=10)
     p.add_argument("--tokens", type=int, default=400)
@@ -285,7 +290,7 @@ def main() -> int:
     a = p.parse_args()
 
     base = Path(tempfile.mkdtemp(prefix="bench-commit-cpu-", dir=a.dir))
-    shm = tempfile.mkdtemp(prefix="bench-commit-cpu-", dir="/dev/shm")
+    shm = tempfile.mkdtemp(prefix="bench-commit-cpu-", dir=a.dump_area)
     results: dict[str, Any] = {}
     try:
         model = model_dir(base, a.hidden, a.layers)
