@@ -16,13 +16,13 @@ from __future__ import annotations
 import argparse
 import collections
 import os
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from scratch import scratch
 
 ROOT = Path(__file__).resolve().parent.parent
 SYSCALLS = ("pwrite", "fdatasync", "preadv", "fsync", "open", "rename", "close", "ftruncate")
@@ -61,9 +61,6 @@ def main() -> int:
         help="where the dumps go: a tmpfs (mounted with huge=within_size for 2 MiB pages)",
     )
     a = p.parse_args()
-    import torch
-    from eagle3d.remote import storedtype
-    from eagle3d.remote.dumpfile import write_dump
     from eagle3d.store import archive, committer, directio, splice
 
     acc: collections.Counter[str] = collections.Counter()
@@ -73,38 +70,41 @@ def main() -> int:
     splice.finite = _timed(splice.finite, "NaN/Inf check", acc)  # type: ignore[assignment]
     splice.crc32 = _timed(splice.crc32, "CRC-32", acc)
     archive.crc32 = _timed(archive.crc32, "CRC-32 (seal)", acc)
-    layers = [1, 2, 3]
-    shm = tempfile.mkdtemp(prefix="bench-commit-calls-", dir=a.dump_area)
-    out = tempfile.mkdtemp(prefix="bench-commit-calls-", dir=a.dir)
-    try:
-        t = a.tokens
-        ids = torch.randint(7, 500, (t,))
-        aux = torch.randn(t, 3 * a.hidden).to(torch.bfloat16)
-        hid = torch.randn(t, a.hidden).to(torch.bfloat16)
-        one = write_dump(shm, "template", ids, aux, hid, layers)
-        for i in range(a.samples):
-            os.link(one, f"{shm}/d{i}.e3dump")
-        c = committer.Committer(
-            out, store=storedtype.get("bfloat16"), writer="archive", splice=True
-        )
-        c.warm_up()
-        acc.clear()
-        sent, mask = ids.tolist(), [1] * t
-        t0 = time.thread_time()
-        for b in range(0, a.samples, 8):
-            batch = [(i, sent, mask, f"{shm}/d{i}.e3dump") for i in range(b, min(a.samples, b + 8))]
-            bad = [r for r in c.commit_files(batch, a.hidden, layers) if isinstance(r, Exception)]
-            assert not bad, bad
-        cpu = time.thread_time() - t0
-        gb = a.samples * os.path.getsize(one) / 1e9
-        print(f"{a.samples} samples, {gb:.2f} GB: {cpu:.3f} CPU-s, {cpu / gb:.3f} CPU-s/GB")
-        for k, v in acc.most_common():
-            print(f"  {k:16s} {v / gb:.3f} CPU-s/GB")
-        print(f"  {'rest (Python)':16s} {(cpu - sum(acc.values())) / gb:.3f} CPU-s/GB")
-    finally:
-        shutil.rmtree(shm, ignore_errors=True)
-        shutil.rmtree(out, ignore_errors=True)
+    with scratch("bench-commit-calls-", a.dump_area, a.dir) as (shm, out):
+        cpu, gb = measure(a, shm, out, acc)
+    print(f"{a.samples} samples, {gb:.2f} GB: {cpu:.3f} CPU-s, {cpu / gb:.3f} CPU-s/GB")
+    for k, v in acc.most_common():
+        print(f"  {k:16s} {v / gb:.3f} CPU-s/GB")
+    print(f"  {'rest (Python)':16s} {(cpu - sum(acc.values())) / gb:.3f} CPU-s/GB")
     return 0
+
+
+def measure(
+    a: argparse.Namespace, shm: str, out: str, acc: collections.Counter[str]
+) -> tuple[float, float]:
+    """(CPU seconds, GB) of committing ``a.samples`` dumps made in ``shm`` into ``out``."""
+    import torch
+    from eagle3d.remote import storedtype
+    from eagle3d.remote.dumpfile import write_dump
+    from eagle3d.store import committer
+
+    layers, t = [1, 2, 3], a.tokens
+    ids = torch.randint(7, 500, (t,))
+    aux = torch.randn(t, 3 * a.hidden).to(torch.bfloat16)
+    hid = torch.randn(t, a.hidden).to(torch.bfloat16)
+    one = write_dump(shm, "template", ids, aux, hid, layers)
+    for i in range(a.samples):
+        os.link(one, f"{shm}/d{i}.e3dump")
+    c = committer.Committer(out, store=storedtype.get("bfloat16"), writer="archive", splice=True)
+    c.warm_up()
+    acc.clear()
+    sent, mask = ids.tolist(), [1] * t
+    t0 = time.thread_time()
+    for b in range(0, a.samples, 8):
+        batch = [(i, sent, mask, f"{shm}/d{i}.e3dump") for i in range(b, min(a.samples, b + 8))]
+        bad = [r for r in c.commit_files(batch, a.hidden, layers) if isinstance(r, Exception)]
+        assert not bad, bad
+    return time.thread_time() - t0, a.samples * os.path.getsize(one) / 1e9
 
 
 if __name__ == "__main__":

@@ -24,12 +24,12 @@ from __future__ import annotations
 import argparse
 import mmap
 import os
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from scratch import scratch
 
 ROOT = Path(__file__).resolve().parent.parent
 CHUNK = 256 << 10
@@ -43,14 +43,21 @@ def main() -> int:
     p.add_argument("--mb", type=float, default=6.5, help="the dump's size")
     p.add_argument("--samples", type=int, default=200)
     a = p.parse_args()
+
+    size = int(a.mb * 1e6) // BLOCK * BLOCK + BLOCK  # whole blocks, as the archives are
+    print(f"dump area {a.dump_area}, {size / 1e6:.1f} MB x {a.samples} a round:")
+    with scratch("bench-commit-mapped-", a.dump_area, a.dir) as (area, disk):
+        for kind, lo, hi in measure(os.path.join(area, "dump"), disk, size, a.samples):
+            print(f"  {kind:7s} {lo:.3f}-{hi:.3f} CPU-s/GB")
+    return 0
+
+
+def measure(src: str, disk: str, size: int, samples: int) -> list[tuple[str, float, float]]:
+    """(way, lowest, highest CPU-s/GB of two rounds) for "now" and "mapped" (docstring)."""
     import numpy as np
     from eagle3d.store.crc import crc32
     from eagle3d.store.validate import finite_bits
 
-    size = int(a.mb * 1e6) // BLOCK * BLOCK + BLOCK  # whole blocks, as the archives are
-    area = tempfile.mkdtemp(prefix="bench-commit-mapped-", dir=a.dump_area)
-    disk = tempfile.mkdtemp(prefix="bench-commit-mapped-", dir=a.dir)
-    src = os.path.join(area, "dump")
     with open(src, "wb") as f:
         f.write(np.full(size // 2, 0x3F00, np.uint16).tobytes())  # bfloat16 0.5
     buf = mmap.mmap(-1, size)
@@ -88,22 +95,15 @@ def main() -> int:
 
     def cpu(f: Callable[[], None]) -> float:
         t = time.thread_time()
-        for _ in range(a.samples):
+        for _ in range(samples):
             f()
-        return (time.thread_time() - t) / (a.samples * size / 1e9)
+        return (time.thread_time() - t) / (samples * size / 1e9)
 
-    try:
-        figures: dict[str, list[float]] = {"now": [], "mapped": []}
-        for _ in range(2):
-            figures["now"].append(cpu(now))
-            figures["mapped"].append(cpu(mapped))
-        print(f"dump area {a.dump_area}, {size / 1e6:.1f} MB x {a.samples} a round:")
-        for k, v in figures.items():
-            print(f"  {k:7s} {min(v):.3f}-{max(v):.3f} CPU-s/GB")
-    finally:
-        shutil.rmtree(area, ignore_errors=True)
-        shutil.rmtree(disk, ignore_errors=True)
-    return 0
+    figures: dict[str, list[float]] = {"now": [], "mapped": []}
+    for _ in range(2):
+        figures["now"].append(cpu(now))
+        figures["mapped"].append(cpu(mapped))
+    return [(k, min(v), max(v)) for k, v in figures.items()]
 
 
 if __name__ == "__main__":
