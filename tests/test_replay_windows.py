@@ -94,13 +94,9 @@ def test_damaged_journal_same_problems_at_every_window(
     assert problems, damage
 
 
-def test_verify_reads_a_long_segment_in_bounded_windows(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """An instrumented read seam: with a 4 KiB window, a verify of a ~300 KiB segment never
-    asks for more than a window at once, and finds what it finds with whole reads."""
-    out = tmp_path / "out"
-    n = 1500
+def _saved_samples(out: Path, n: int) -> str:
+    """A journal of ``n`` small samples saved under ``out`` (their files written); its
+    directory."""
     jdir = paths.journal_dir(str(out), paths.Shard())
     w = JournalWriter(jdir, background=False)
     w.open()
@@ -113,6 +109,43 @@ def test_verify_reads_a_long_segment_in_bounded_windows(
         w.append(ev.SampleSent(idx=i, rid=f"r{i}", tokens=16))
         w.append(ev.SampleSaved(idx=i, path=rel, bytes=size, tokens=16, checksum=crc))
     w.close()
+    return jdir
+
+
+def test_verify_in_batches_reports_what_one_file_a_task_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """verify hands its pool batches of files (:data:`verify.BATCH_FILES`, ``BATCH_BYTES``):
+    whatever the batch, the same counts and the same problems, in journal order."""
+    from eagle3d.tools import verify as verify_mod
+
+    out = tmp_path / "out"
+    _saved_samples(out, 500)
+    os.remove(out / paths.sample_relpath(3))
+    with open(out / paths.sample_relpath(130), "ab") as f:
+        f.write(b"x")  # a size that differs
+    flip = out / paths.sample_relpath(499)
+    data = bytearray(flip.read_bytes())
+    data[0] ^= 1  # the last sample's bytes: the last, partial batch
+    flip.write_bytes(bytes(data))
+    monkeypatch.setattr(verify_mod, "BATCH_FILES", 1)
+    one = verify(str(out), options=Options(jobs=3)).to_dict()
+    assert one["checked"] == 500 and len(one["problems"]) == 3
+    assert [p.split(":")[0] for p in one["problems"]] == ["sample 3", "sample 130", "sample 499"]
+    for files, nbytes in ((7, 1 << 30), (64, 1 << 30), (1000, 1000), (64, 1)):
+        monkeypatch.setattr(verify_mod, "BATCH_FILES", files)
+        monkeypatch.setattr(verify_mod, "BATCH_BYTES", nbytes)
+        assert verify(str(out), options=Options(jobs=3)).to_dict() == one, (files, nbytes)
+
+
+def test_verify_reads_a_long_segment_in_bounded_windows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An instrumented read seam: with a 4 KiB window, a verify of a ~300 KiB segment never
+    asks for more than a window at once, and finds what it finds with whole reads."""
+    out = tmp_path / "out"
+    n = 1500
+    jdir = _saved_samples(out, n)
     os.remove(out / paths.sample_relpath(777))  # one problem, for the report to name
     (seg,) = list_segments(jdir)
     window = 4096

@@ -11,8 +11,8 @@ know. Without ``--deep`` the output tree is never listed: the journal says what 
 
 Streaming, so that a million samples cost what ten thousand do per sample: the journals are
 read twice (which record counts, in a few bytes a sample; then the checks, in journal order),
-at most ``--jobs`` x 4 files are in flight, and a progress line says where to resume from
-(``--since``). ``--sample N%`` checks the same N % of the samples every time.
+at most ``--jobs`` x 4 batches of files are in flight, and a progress line says where to
+resume from (``--since``). ``--sample N%`` checks the same N % of the samples every time.
 
 ``--repair`` journals each damaged or missing committed sample as ``sample_invalid`` in its
 shard's journal (its file, if any, moved aside under ``OUTPUT/.eagle3d/damaged/``, never
@@ -366,8 +366,8 @@ def verify(
     output: str, *, quick: bool = False, jobs: int = 4, options: Options | None = None
 ) -> VerifyReport:
     """Verify an output directory (all shards), streaming: the journals are read twice (what
-    counts, then what to check, in journal order), at most ``jobs * 4`` files are in flight,
-    and nothing is kept per sample beyond a few bytes (:class:`_Index`)."""
+    counts, then what to check, in journal order), at most ``jobs * 4`` batches of files are
+    in flight, and nothing is kept per sample beyond a few bytes (:class:`_Index`)."""
     opts = options or Options(quick=quick, jobs=jobs)
     report = VerifyReport(os.path.abspath(output))
     index = _Index()
@@ -400,9 +400,17 @@ def verify(
     return report
 
 
+#: A task of the check pool: this many files, or this many bytes, whichever comes first.
+#: One future per file cost more than a small file's own read (a lock, a condition and a
+#: thread's wake-up each: 100 us of CPU a file at 1M files of 12 KiB, against cat's 30).
+BATCH_FILES = 64
+BATCH_BYTES = 64 << 20
+
+
 class _Checker:
-    """Pass 2: the records that count go to a pool of ``jobs`` threads through a bounded
-    window; results are taken in order (the report's problems are in journal order)."""
+    """Pass 2: the records that count go to a pool of ``jobs`` threads in batches (up to
+    :data:`BATCH_FILES` files or :data:`BATCH_BYTES` bytes) through a bounded window;
+    results are taken in order (the report's problems are in journal order)."""
 
     def __init__(self, output: str, opts: Options, report: VerifyReport, total: int) -> None:
         self.output = output
@@ -410,7 +418,11 @@ class _Checker:
         self.report = report
         self.total = total
         self.store = ""
-        self.window: deque[tuple[ev.SampleSaved, Shard, Future[str | None]]] = deque()
+        self.batch: list[tuple[ev.SampleSaved, Shard, str]] = []  # (record, shard, store)
+        self.batch_bytes = 0
+        self.window: deque[
+            tuple[list[tuple[ev.SampleSaved, Shard, str]], Future[list[str | None]]]
+        ] = deque()
         self.limit = max(1, opts.jobs) * 4
         self.pool = ThreadPoolExecutor(max(1, opts.jobs), thread_name_prefix="verify")
         self.t0 = time.monotonic()
@@ -421,6 +433,7 @@ class _Checker:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._submit()
         while self.window:
             self._take()
         self.pool.shutdown()
@@ -439,10 +452,21 @@ class _Checker:
                 )
             if e.ts < opts.since or not sampled(e.idx, opts.sample):
                 continue
-            if len(self.window) >= self.limit:
-                self._take()
-            store = self.store
-            self.window.append((e, shard, self.pool.submit(self._check, e, store)))
+            self.batch.append((e, shard, self.store))
+            self.batch_bytes += e.bytes
+            if len(self.batch) >= BATCH_FILES or self.batch_bytes >= BATCH_BYTES:
+                self._submit()
+
+    def _submit(self) -> None:
+        if not self.batch:
+            return
+        if len(self.window) >= self.limit:
+            self._take()
+        work, self.batch, self.batch_bytes = self.batch, [], 0
+        self.window.append((work, self.pool.submit(self._check_all, work)))
+
+    def _check_all(self, work: list[tuple[ev.SampleSaved, Shard, str]]) -> list[str | None]:
+        return [self._check(rec, store) for rec, _, store in work]
 
     def _check(self, rec: ev.SampleSaved, store: str) -> str | None:
         if self.opts.deep:
@@ -450,17 +474,17 @@ class _Checker:
         return check_bytes(self.output, rec, self.opts.quick)
 
     def _take(self) -> None:
-        rec, shard, fut = self.window.popleft()
-        problem = fut.result()
+        work, fut = self.window.popleft()
         report = self.report
-        report.checked += 1
-        report.bytes_checked += rec.bytes
-        self.last_ts = max(self.last_ts, rec.ts)
-        if problem:
-            report.problems.append(problem)
-            report.damaged[rec.idx] = problem
-            report.saved_records[rec.idx] = rec
-            report.saved_by[rec.idx] = shard
+        for (rec, shard, _), problem in zip(work, fut.result(), strict=True):
+            report.checked += 1
+            report.bytes_checked += rec.bytes
+            self.last_ts = max(self.last_ts, rec.ts)
+            if problem:
+                report.problems.append(problem)
+                report.damaged[rec.idx] = problem
+                report.saved_records[rec.idx] = rec
+                report.saved_by[rec.idx] = shard
         self._show()
 
     def _show(self, force: bool = False) -> None:
