@@ -22,6 +22,7 @@ from eagle3d.run.commits import commit_batch
 from eagle3d.run.reaper import Reaper
 from eagle3d.run.recorder import Recorder
 from eagle3d.store.committer import Committer
+from eagle3proto import paths
 from eagle3proto.journal import JournalWriter
 
 H, LAYERS, T = 16, [1, 2, 3], 8
@@ -110,3 +111,6 @@ def test_a_batch_the_journal_refuses_keeps_its_dumps(setup: Setup) -> None:
     # Nothing journaled, so nothing removed: the commit is redone from these dumps.
     assert sorted(os.listdir(setup.dumps)) == sorted(os.path.basename(p.dump_path) for p in batch)
     assert (reaper.removed, reaper.inline) == (0, 0)
+    # And no sample file stands without its record: the files written are taken back.
+    for p in batch:
+        assert not (setup.out / paths.sample_relpath(p.idx)).exists()

@@ -83,6 +83,8 @@ def commit_batch(
                 )
                 saved.append((k, rec))
         if saved and not recorder.append_many([rec for _, rec in saved]):
+            # Unrecorded files would be samples the journal does not know of: taken back.
+            committer.withdraw([rec.path for _, rec in saved])
             for k, _ in saved:
                 out[k] = oc.NotRecorded("the journal refused the sample_saved record")
             return out

@@ -147,6 +147,16 @@ class Committer:
         or moved under the run is never made again; ENOENT tells the daemon it is gone)."""
         return self.rows.open(rel_dir)
 
+    def withdraw(self, relpaths: list[str]) -> None:
+        """Remove committed files that the journal then refused to record (its disk full):
+        no file stands in a row folder without its ``sample_saved`` record, and the space
+        goes back to the journal. Their samples are sent again. Quiet: a file already gone,
+        or a row folder that cannot be opened, leaves nothing to remove."""
+        for rel in relpaths:
+            rel_dir, name = os.path.split(rel)
+            with contextlib.suppress(OSError):
+                _unlink_quietly(name, self._ensure_dir(rel_dir))
+
     def forget_dirs(self) -> None:
         """Check the row directories again (one was removed under the run)."""
         self.rows.forget()
