@@ -33,7 +33,8 @@ RECIPES = {"eagle3": 3, "dflash": 5, "dspark": 5}
 def bytes_part() -> None:
     import torch
     from eagle3d.remote import recipes, storedtype
-    from eagle3d.store import archive, sizing
+    from eagle3d.remote import samplefile as archive
+    from eagle3d.store import sizing
 
     h, layers, t = 4096, 36, 1024
     base = sizing.file_bytes(t, h, 3, storedtype.get("bfloat16")) / t

@@ -155,7 +155,7 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 
 #: What code running in other processes (the HF worker, inside SGLang's schedulers) may import,
 #: besides the standard library and one another: never the daemon.
-REMOTE_MAY_IMPORT = {"torch", "transformers", "safetensors", "msgspec", "sglang", "numpy"}
+REMOTE_MAY_IMPORT = {"torch", "transformers", "safetensors", "msgspec", "sglang", "numpy", "isal"}
 REMOTE_PROTO = {"eagle3proto.codec", "eagle3proto.wire"}
 
 

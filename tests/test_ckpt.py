@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import torch
 from eagle3d.dumps.format import Dump
-from eagle3d.store import archive as ckpt
-from eagle3d.store import directio
+from eagle3d.remote import samplefile as ckpt
+from eagle3d.store import archive, directio
 from eagle3d.store.committer import Committer
 from eagle3d.store.crc import file_checksum
 
@@ -113,7 +113,7 @@ def test_data_pkl_cached_by_shape_keeps_each_tensors_own_strides() -> None:
 def _write(path: Path, sample: dict[str, torch.Tensor]) -> ckpt.Written:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        return ckpt.write(fd, sample)
+        return archive.write(fd, sample)
     finally:
         os.close(fd)
 
@@ -227,7 +227,7 @@ def test_the_file_ends_on_a_block_boundary_padded_by_the_zip_comment(
     path = tmp_path / "s.ckpt"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        w = ckpt.write(fd, sample, direct=directio.DirectBuffer())
+        w = archive.write(fd, sample, direct=directio.DirectBuffer())
     finally:
         os.close(fd)
     assert truncated == []

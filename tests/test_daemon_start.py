@@ -133,6 +133,20 @@ def test_a_resume_commits_without_importing_torch(tiny_model_dir: Path, tmp_path
     assert heavy == []
 
 
+def test_a_synthetic_resume_imports_no_torch_at_all(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The synthetic producer (the benchmarks' GPU-node stand-in, in the daemon's process)
+    writes its v2 dumps without torch: a resume on it is the daemon as on a GPU node, whose
+    producer is another process, with no torch in the daemon's process at all."""
+    data, out = tmp_path / "data.jsonl", tmp_path / "out"
+    runkit.dataset(data, 6, malformed=False)
+    assert runkit.run(tiny_model_dir, data, out, "--backend", "synthetic").returncode == 0
+    runkit.dataset(data, 14, malformed=False)
+    cmd = runkit.run_args(tiny_model_dir, data, out, "--backend", "synthetic", "--force-resume")
+    heavy, _ = _recorded(_IMPORTED, cmd, tmp_path)
+    runkit.assert_complete(out, set(range(14)), set())
+    assert heavy == []
+
+
 def test_a_start_refused_while_the_workers_load_ends_at_once_and_leaves_none(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:

@@ -106,7 +106,7 @@ def test_commit_enospc_through_torch_save(tmp_path: Path, monkeypatch: pytest.Mo
     """Samples of 4 GiB and more go through torch.save (zip64), which turns the writer's
     OSError into a RuntimeError from its zip writer; the commit must still say ENOSPC (so
     the daemon pauses instead of failing the sample). The size limit is lowered to get there."""
-    from eagle3d.store import archive as ckpt
+    from eagle3d.remote import samplefile as ckpt
     from eagle3d.store import committer as commit
 
     real = commit.ChecksumWriter.write

@@ -1,4 +1,5 @@
-"""The dump file: written by our safetensors writer, read by safetensors itself."""
+"""The dump file in its v1 layout: written by our safetensors writer, read by safetensors
+itself (the v2 layout, the sample file: tests/test_sample_dumps.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from eagle3d.remote.dumpfile import FORMAT, write_dump
 from safetensors import safe_open
 from safetensors.torch import load_file
 
+V1 = "safetensors"
+
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_a_dump_reads_back_with_safetensors(dtype: torch.dtype, tmp_path: Path) -> None:
@@ -22,7 +25,7 @@ def test_a_dump_reads_back_with_safetensors(dtype: torch.dtype, tmp_path: Path) 
     ids = torch.randint(0, 1000, (37,), generator=g)
     aux = torch.randn(37, 96, generator=g).to(dtype)
     hid = torch.randn(37, 32, generator=g).to(dtype)
-    path = write_dump(str(tmp_path), "r-1", ids, aux, hid, [2, 4, 5])
+    path = write_dump(str(tmp_path), "r-1", ids, aux, hid, [2, 4, 5], layout=V1)
     assert path == str(tmp_path / "r-1.e3dump")
     assert not list(tmp_path.glob(".*"))  # the temp name is gone
     got = load_file(path)  # safetensors' own reader
@@ -41,7 +44,7 @@ def test_the_header_follows_the_format(tmp_path: Path) -> None:
     """8-byte length, JSON header padded so the data starts 8-byte aligned, offsets that
     tile the data exactly."""
     ids, aux, hid = torch.arange(5), torch.zeros(5, 12), torch.zeros(5, 4)
-    raw = Path(write_dump(str(tmp_path), "x", ids, aux, hid, [1, 2, 3])).read_bytes()
+    raw = Path(write_dump(str(tmp_path), "x", ids, aux, hid, [1, 2, 3], layout=V1)).read_bytes()
     (n,) = struct.unpack_from("<Q", raw)
     assert (8 + n) % 8 == 0
     header = json.loads(raw[8 : 8 + n])
@@ -53,10 +56,19 @@ def test_the_header_follows_the_format(tmp_path: Path) -> None:
 def test_a_slice_of_a_batch_is_written_alone(tmp_path: Path) -> None:
     """The worker writes each sample's cut of the batch: only that cut reaches the file."""
     batch = torch.randn(3, 50, 8)
-    path = write_dump(str(tmp_path), "s", torch.arange(20), batch[1, :20, :6], batch[1, :20], [1])
-    got = load_file(path)
-    assert torch.equal(got["aux_hidden_state"], batch[1, :20, :6])
-    assert torch.equal(got["hidden_state"], batch[1, :20])
+    for layout in ("safetensors", "sample"):
+        path = write_dump(
+            str(tmp_path),
+            "s",
+            torch.arange(20),
+            batch[1, :20, :6],
+            batch[1, :20],
+            [1],
+            layout=layout,
+        )
+        got = read_dump(path)
+        assert torch.equal(got.aux_hidden_state, batch[1, :20, :6]), layout
+        assert torch.equal(got.hidden_state, batch[1, :20]), layout
 
 
 def test_a_dump_gone_before_it_is_read_is_told_from_a_bad_one(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
-"""eagle3d.store.splice: a dump's bytes straight into the sample archive, the general path's file
-and the general path's verdict on every dump."""
+"""eagle3d.store.splice for v1 (safetensors) dumps: a dump's bytes straight into the sample
+archive, the general path's file and the general path's verdict on every dump (v2 dumps:
+tests/test_sample_dumps.py)."""
 
 from __future__ import annotations
 
@@ -14,15 +15,16 @@ from typing import Any
 import pytest
 import torch
 from eagle3d.dumps.format import BadDump, Dump, DumpVanished, read_dump, read_header
+from eagle3d.remote import samplefile as ckpt
 from eagle3d.remote.dumpfile import write_dump
-from eagle3d.store import archive as ckpt
+from eagle3d.store import archive, directio, splice
 from eagle3d.store import committer as commit
-from eagle3d.store import directio, splice
 from eagle3d.store.committer import CommitError, Committed, Committer
 from eagle3d.store.crc import file_checksum
 
 H = 32
 LAYERS = [2, 4, 5]
+V1 = "safetensors"
 
 
 def _dump_file(d: Path, t: int, dtype: torch.dtype = torch.float32, **change: Any) -> str:
@@ -30,7 +32,7 @@ def _dump_file(d: Path, t: int, dtype: torch.dtype = torch.float32, **change: An
     ids = change.get("ids", torch.arange(t))
     aux = change.get("aux", torch.randn(t, 3 * H, generator=g).to(dtype))
     hid = change.get("hid", torch.randn(t, H, generator=g).to(dtype))
-    return write_dump(str(d), f"r{t}", ids, aux, hid, change.get("layers", LAYERS))
+    return write_dump(str(d), f"r{t}", ids, aux, hid, change.get("layers", LAYERS), layout=V1)
 
 
 def _stage(path: str, t: int, limit: int = 1 << 30) -> splice.Staged | None:
@@ -58,7 +60,7 @@ def test_the_archive_is_byte_for_byte_the_general_paths(
     }
     fd = os.open(tmp_path / "general.ckpt", os.O_WRONLY | os.O_CREAT, 0o644)
     try:
-        general = ckpt.write(fd, payload)
+        general = archive.write(fd, payload)
     finally:
         os.close(fd)
     assert ours == (tmp_path / "general.ckpt").read_bytes()
@@ -169,7 +171,7 @@ def test_dtypes_it_does_not_handle_are_committed_by_the_general_path(
     g = torch.Generator().manual_seed(0)
     hid = torch.randn(t, H, generator=g).to(dtypes[0])
     aux = torch.randn(t, 3 * H, generator=g).to(dtypes[1])
-    path = write_dump(str(tmp_path), "other", torch.arange(t), aux, hid, LAYERS)
+    path = write_dump(str(tmp_path), "other", torch.arange(t), aux, hid, LAYERS, layout=V1)
     assert _stage(path, t) is None
     (r,) = Committer(str(tmp_path / "out")).commit_files(
         [(3, list(range(t)), [1] * t, path)], H, LAYERS

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 from eagle3d.dumps.format import BadDump, read_dump
+from eagle3d.remote import samplefile as ckpt
 from eagle3d.remote import storedtype
 from eagle3d.remote.dumpfile import write_dump
-from eagle3d.store import archive as ckpt
-from eagle3d.store import directio, fp8, splice
+from eagle3d.store import archive, directio, fp8, splice
 from eagle3d.store.committer import Committed, Committer
 from eagle3d.tools.verify import check_sample
 from eagle3proto import events as ev
@@ -117,7 +117,7 @@ def test_verify_checks_fp8_files_with_their_scales(tmp_path: Path) -> None:
 def _forged(out: Path, rec: ev.SampleSaved, d: dict[str, torch.Tensor]) -> str | None:
     fd = os.open(out / rec.path, os.O_WRONLY | os.O_TRUNC)
     try:
-        w = ckpt.write(fd, {k: v.contiguous() for k, v in d.items()})
+        w = archive.write(fd, {k: v.contiguous() for k, v in d.items()})
     finally:
         os.close(fd)
     forged = ev.SampleSaved(

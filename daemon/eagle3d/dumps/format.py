@@ -1,5 +1,5 @@
 """The daemon's side of the dump contract (:mod:`eagle3d.remote.dumpfile`): reading a dump
-back, and the errors that say what is wrong with one."""
+back (either layout), and the errors that say what is wrong with one."""
 
 from __future__ import annotations
 
@@ -9,7 +9,15 @@ import struct
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from eagle3d.remote.dumpfile import FORMAT, SCALE_SUFFIX
+from eagle3d.remote import samplefile
+from eagle3d.remote.dumpfile import (
+    FORMAT,
+    FORMAT_SAMPLE,
+    SAMPLE_DTYPES,
+    SCALE_SUFFIX,
+    TRAILER,
+    TRAILER_MAGIC,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -55,6 +63,101 @@ def read_header(fd: int) -> Header:
     return Header(meta, tensors)
 
 
+#: The first bytes of a v2 dump (a zip's first local header); a v1 dump starts with its
+#: header's length, which is never this (it would exceed :data:`HEADER_MAX`).
+ZIP_MAGIC = b"PK\x03\x04"
+
+
+#: torch dtype names -> safetensors dtype codes, and the codes' sizes.
+_CODES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16", "float8_e4m3fn": "F8_E4M3"}
+_SIZES = {"F32": 4, "BF16": 2, "F16": 2, "F8_E4M3": 1, "I64": 8}
+
+
+@dataclass(frozen=True, slots=True)
+class Trailer:
+    """A v2 dump's trailer: what its archive holds, and what the producer checked."""
+
+    rid: str
+    layers: str  # as written: "2,16,29"
+    dtype: str  # the states' torch dtype name
+    tokens: int
+    hidden: int
+    finite: bool
+
+    @property
+    def scaled(self) -> bool:
+        return self.dtype == "float8_e4m3fn"
+
+    @property
+    def layer_ids(self) -> list[int]:
+        """The layers as numbers; ValueError for a garbled list."""
+        return [int(x) for x in self.layers.split(",") if x]
+
+    def header(self) -> Header:
+        """The dump's tensors as a v1 dump's header gives them (safetensors dtype codes,
+        shapes ``[T, H]``, byte ranges in the file), without the loss mask: so that the
+        commit's reads that cast or quantize take either layout alike."""
+        plan = self.plan()
+        t, code = self.tokens, _CODES.get(self.dtype, self.dtype)
+        names = ["input_ids", "loss_mask", "hidden_state", "aux_hidden_state"]
+        codes = ["I64", "I64", code, code]
+        if self.scaled:
+            names += ["hidden_state" + SCALE_SUFFIX, "aux_hidden_state" + SCALE_SUFFIX]
+            codes += ["F32", "F32"]
+        tensors: dict[str, tuple[str, tuple[int, ...], int, int]] = {}
+        for name, c, (at, n) in zip(names, codes, plan.slots, strict=True):
+            row = n // (_SIZES.get(c, 1) * t)
+            tensors[name] = (c, (t,) if c == "I64" else (t, row), at, at + n)
+        del tensors["loss_mask"]
+        meta = {"format": FORMAT, "rid": self.rid, "layers": self.layers, "dtype": self.dtype}
+        return Header(meta, tensors)
+
+    def plan(self) -> samplefile.Plan:
+        """The archive's layout, from the trailer alone."""
+        n = len(self.layer_ids)
+        if self.scaled:
+            return samplefile.plan(samplefile.fp8_spec(self.tokens, self.hidden, n))
+        return samplefile.plan(samplefile.states_spec(self.tokens, self.hidden, n, self.dtype))
+
+
+def is_sample_dump(fd: int) -> bool:
+    """Whether the dump open on ``fd`` is in the sample layout (v2)."""
+    return os.pread(fd, len(ZIP_MAGIC), 0) == ZIP_MAGIC
+
+
+def read_trailer(fd: int) -> Trailer:
+    """The trailer of the v2 dump open on ``fd``; BadDump (with no file name: the caller
+    knows it) when it is missing or garbled, or the file's size is not what it describes."""
+    size = os.fstat(fd).st_size
+    raw = os.pread(fd, TRAILER, size - TRAILER) if size >= TRAILER else b""
+    if not raw.startswith(TRAILER_MAGIC) or len(raw) != TRAILER:
+        raise BadDump(f"truncated: {size} bytes and no trailer")
+    try:
+        meta = json.loads(raw[len(TRAILER_MAGIC) :])
+        form = meta.get("format")
+        t = Trailer(
+            str(meta["rid"]),
+            str(meta["layers"]),
+            str(meta["dtype"]),
+            int(meta["tokens"]),
+            int(meta["hidden"]),
+            meta["finite"] is True,
+        )
+        n_layers = len(t.layer_ids)
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise BadDump(f"garbled trailer ({type(e).__name__}: {e})") from e
+    if form != FORMAT_SAMPLE:
+        raise BadDump(f"format {form!r}, want {FORMAT_SAMPLE}")
+    if t.dtype not in SAMPLE_DTYPES or min(t.tokens, t.hidden, n_layers) < 1:
+        raise BadDump(
+            f"a trailer of {t.tokens} tokens, hidden {t.hidden} {t.dtype}, layers {t.layers!r}"
+        )
+    want = t.plan().total + TRAILER
+    if size != want:
+        raise BadDump(f"{size} bytes, want {want} for its {t.tokens} tokens")
+    return t
+
+
 @dataclass(slots=True)
 class Dump:
     rid: str
@@ -89,7 +192,51 @@ def vanished(path: str) -> DumpVanished:
 
 
 def read_dump(path: str) -> Dump:
-    """Load a dump (memory-mapped). Raises BadDump for anything malformed or truncated."""
+    """Load a dump of either layout. Raises BadDump for anything malformed or truncated."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError as e:
+        raise vanished(path) from e
+    try:
+        if is_sample_dump(fd):
+            return _read_sample_dump(fd)
+    except BadDump as e:
+        raise BadDump(f"{os.path.basename(path)}: {e}") from e
+    finally:
+        os.close(fd)
+    return _read_safetensors_dump(path)
+
+
+def _read_sample_dump(fd: int) -> Dump:
+    """A v2 dump's tensors, copied out of its archive (the general path: the commit's own
+    path maps the file instead, :mod:`eagle3d.store.splice`)."""
+    import torch
+
+    tr = read_trailer(fd)
+    plan = tr.plan()
+    data = bytearray(plan.total)
+    if os.preadv(fd, [data], 0) != plan.total:
+        raise BadDump("truncated while read")
+    (ids_at, n_ids), _mask, (hid_at, n_hid), (aux_at, n_aux), *scale_slots = plan.slots
+    mv = memoryview(data)
+
+    def tensor(at: int, n: int, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
+        return torch.frombuffer(mv[at : at + n], dtype=getattr(torch, dtype)).view(shape)
+
+    t, h = tr.tokens, tr.hidden
+    ids = tensor(ids_at, n_ids, "int64", (t,))
+    hid = tensor(hid_at, n_hid, tr.dtype, (t, h))
+    aux = tensor(aux_at, n_aux, tr.dtype, (t, -1))
+    names = ("hidden_state" + SCALE_SUFFIX, "aux_hidden_state" + SCALE_SUFFIX)
+    scales = {
+        name: tensor(at, n, "float32", (t, 1))
+        for name, (at, n) in zip(names[: len(scale_slots)], scale_slots, strict=True)
+    }
+    return Dump(tr.rid, tr.layer_ids, ids, aux, hid, plan.total + TRAILER, scales)
+
+
+def _read_safetensors_dump(path: str) -> Dump:
+    """A v1 dump, memory-mapped by safetensors."""
     from safetensors import safe_open
 
     try:

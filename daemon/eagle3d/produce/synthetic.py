@@ -11,7 +11,13 @@ benchmark of the commit path on a small machine does not spend half its CPU writ
 that a GPU node's server writes on cores of its own. ``EAGLE3D_SYNTHETIC_LATENCY_S`` models a
 GPU server instead: requests are served in batches (up to ``EAGLE3D_SYNTHETIC_BATCH``, default 32),
 each batch taking that many seconds however full it is, the way a prefill-bound server with
-continuous batching behaves. It is a benchmark knob, not a job setting.
+continuous batching behaves. ``EAGLE3D_SYNTHETIC_LAYOUT=safetensors`` writes v1 dumps
+(:mod:`eagle3d.remote.dumpfile`) instead of the sample layout, for a benchmark's A/B. These
+are benchmark knobs, not job settings.
+
+Its dumps of the storage formats are made without torch (:func:`constant_dump`): the
+daemon's process, where this producer runs, then imports no torch, as on a GPU node whose
+producer is another process.
 """
 
 from __future__ import annotations
@@ -21,8 +27,10 @@ import contextlib
 import functools
 import itertools
 import os
+import struct
 import threading
 import time
+from array import array
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -30,8 +38,9 @@ from eagle3proto.events import ProducerHealth
 
 from eagle3d.core.sample import Request
 from eagle3d.produce.base import Producer, ProducerEvents
-from eagle3d.remote import storedtype
-from eagle3d.remote.dumpfile import dump_path, write_dump
+from eagle3d.remote import samplefile, storedtype
+from eagle3d.remote.dumpfile import dump_path, trailer, write_dump, write_parts
+from eagle3d.remote.samplefile import fp8_spec, states_spec
 
 
 class SyntheticProducer(Producer):
@@ -61,6 +70,7 @@ class SyntheticProducer(Producer):
         )
         self.batch = int(env.get("EAGLE3D_SYNTHETIC_BATCH", 32)) if batch is None else batch
         self.link = env.get("EAGLE3D_SYNTHETIC_LINK", "") == "1"
+        self.layout = env.get("EAGLE3D_SYNTHETIC_LAYOUT", "sample")
         self._templates: dict[tuple[int, ...], str] = {}
         self._names = itertools.count()
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="synthetic")
@@ -106,10 +116,6 @@ class SyntheticProducer(Producer):
                 self._write(r)
 
     def _write(self, r: Request) -> None:
-        import torch
-
-        _one_intra_op_thread()
-        t = len(r.input_ids)
         key = tuple(r.input_ids)
         template = self._templates.get(key) if self.link else None
         if template is not None:
@@ -117,9 +123,13 @@ class SyntheticProducer(Producer):
             os.link(template, final)  # the complete file under its final name, at once
             self._done += 1
             return
-        ids = torch.tensor(r.input_ids, dtype=torch.int64)
-        aux, hid, scales = self._states(t)
-        path = write_dump(self.dump_dir, r.rid, ids, aux, hid, self.layers, scales)
+        parts = None
+        if self.layout == "sample":
+            parts = constant_dump(r.rid, r.input_ids, self.hidden, self.layers, self.dtype)
+        if parts is not None:
+            path = write_parts(self.dump_dir, r.rid, parts)
+        else:
+            path = self._write_with_torch(r)
         if self.link and key not in self._templates:
             # The daemon deletes the dump; a link of it under a name of its own stays.
             keep = os.path.join(
@@ -129,6 +139,17 @@ class SyntheticProducer(Producer):
             with self._cond:
                 self._templates.setdefault(key, keep)
         self._done += 1
+
+    def _write_with_torch(self, r: Request) -> str:
+        """The dump of a dtype :func:`constant_dump` does not know, made by torch."""
+        import torch
+
+        _one_intra_op_thread()
+        ids = torch.tensor(r.input_ids, dtype=torch.int64)
+        aux, hid, scales = self._states(len(r.input_ids))
+        return write_dump(
+            self.dump_dir, r.rid, ids, aux, hid, self.layers, scales, layout=self.layout
+        )
 
     def _states(self, t: int) -> tuple[Any, Any, Any]:
         """Constant states of ``t`` tokens in the job's storage format (fp8's with their
@@ -177,6 +198,46 @@ class SyntheticProducer(Producer):
         for keep in kept.values():
             with contextlib.suppress(OSError):
                 os.unlink(keep)
+
+
+#: The synthetic states' bytes by storage format, without torch: aux 0.5 and hidden 0.25
+#: (little-endian), and for fp8 what :func:`storedtype.to_stored` makes of them: every value
+#: 448 (e4m3fn 0x7E) with a row's scale amax / 448 (hidden's, aux's: the records' order). A
+#: test holds them to the torch path's.
+CONSTANTS: dict[str, tuple[str, bytes, bytes, tuple[float, float] | None]] = {
+    "float32": ("float32", struct.pack("<f", 0.5), struct.pack("<f", 0.25), None),
+    "bfloat16": ("bfloat16", b"\x00\x3f", b"\x80\x3e", None),
+    "float16": ("float16", b"\x00\x38", b"\x00\x34", None),
+    "fp8": ("float8_e4m3fn", b"\x7e", b"\x7e", (0.25 / 448, 0.5 / 448)),
+}
+
+
+def constant_dump(
+    rid: str, ids: list[int], hidden: int, layers: list[int], fmt: str
+) -> list[bytes] | None:
+    """The synthetic producer's v2 dump (:mod:`eagle3d.remote.dumpfile`) of ``ids``, made
+    without torch (the states of :data:`CONSTANTS`); None for a format it lacks."""
+    known = CONSTANTS.get("float32" if fmt == "auto" else fmt)
+    if known is None:
+        return None
+    dtype, aux_value, hid_value, scales = known
+    t, n = len(ids), len(layers)
+    spec = fp8_spec(t, hidden, n) if scales else states_spec(t, hidden, n, dtype)
+    plan = samplefile.plan(spec)
+    end = trailer(rid, layers, dtype, t, hidden, True)
+    if end is None:
+        return None
+    buf = bytearray(plan.total)
+    mv = memoryview(buf)
+    samplefile.fill(plan, mv)
+    (ids_at, n_ids), _mask, (hid_at, n_hid), (aux_at, n_aux), *scale_slots = plan.slots
+    mv[ids_at : ids_at + n_ids] = array("q", ids).tobytes()
+    mv[hid_at : hid_at + n_hid] = hid_value * (n_hid // len(hid_value))
+    mv[aux_at : aux_at + n_aux] = aux_value * (n_aux // len(aux_value))
+    for (at, size), scale in zip(scale_slots, scales or (), strict=True):
+        mv[at : at + size] = struct.pack("<f", scale) * t
+    samplefile.seal(plan, mv)
+    return [bytes(buf), end]
 
 
 @functools.cache

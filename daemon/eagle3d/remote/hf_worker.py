@@ -191,8 +191,10 @@ class Worker:
             if item[0] is _WRITTEN:  # the batch's dumps are all out: say so, once per batch
                 send(pr.Written(item[1]))
                 continue
-            rid, ids, aux, hid, scales, pending = item
+            rid, ids, aux, hid, scales, pending, row = item
             pending.wait()  # the batch's copy to the host (at once on a CPU device)
+            # None: checked by the dump writer (a CPU device, where the states are anyway).
+            finite = None if row is None else bool(row[0].wait()[0][row[1]])
             if self.store is not None and scales is None and aux.dtype != self.stored_dtype:
                 (aux, aux_s), (hid, hid_s) = (
                     storedtype.to_stored(x, self.store) for x in (aux, hid)
@@ -205,8 +207,9 @@ class Worker:
             # A producer set up for another capture (one layer fewer, as an SGLang server
             # launched without the job's layer arguments) for the "layers" fault.
             layers = self.layers[:-1] if fault is not None and fault.arg == "layers" else None
+            finite = None if fault is not None else finite
             try:
-                path = self._write(dump, rid, ids, aux, hid, scales, layers)
+                path = self._write(dump, rid, ids, aux, hid, scales, layers, finite)
             except OSError as e:
                 # A full or vanished dump area must not kill this thread: the worker would
                 # go on computing batches nobody receives until its queue blocked it.
@@ -224,15 +227,24 @@ class Worker:
                 os.unlink(path)
 
     def _write(
-        self, dump: Any, rid: str, ids: Any, aux: Any, hid: Any, scales: Any, layers: Any
+        self,
+        dump: Any,
+        rid: str,
+        ids: Any,
+        aux: Any,
+        hid: Any,
+        scales: Any,
+        layers: Any,
+        finite: bool | None,
     ) -> str:
         layers = self.layers if layers is None else layers
+        args = (self.dump_dir, rid, ids, aux, hid, layers, scales)
         try:
-            return str(dump.write_dump(self.dump_dir, rid, ids, aux, hid, layers, scales))
+            return str(dump.write_dump(*args, finite=finite))
         except FileNotFoundError:
             # The dump area was removed under us (a /dev/shm cleanup): make it again, once.
             os.makedirs(self.dump_dir, 0o700, exist_ok=True)  # the daemon's alone, as it was
-            return str(dump.write_dump(self.dump_dir, rid, ids, aux, hid, layers, scales))
+            return str(dump.write_dump(*args, finite=finite))
 
     def _corrupt(self, how: str, ids: Any, aux: Any, hid: Any) -> tuple[Any, Any, Any]:
         if how == "ids":
@@ -351,6 +363,10 @@ class Worker:
         final = out.last_hidden_state
         aux = torch.cat([self.capture.states[i] for i in self.layers], dim=-1)
         self.capture.states.clear()
+        checked = None
+        if final.device.type != "cpu":
+            # Checked where the states are: the dump writer never passes over them for it.
+            checked = self.host.start([finite_rows(final, aux, mask)])
         parts = [final, aux]
         if self.store is not None and final.device.type != "cpu":
             # In the stored format on the device: the daemon only moves the bytes.
@@ -361,8 +377,11 @@ class Worker:
         for i, (rid, s) in enumerate(zip(rids, seqs, strict=True)):
             n = len(s)  # cut to the real length: padding is never stored
             sc = (scale_cpu[1][i, :n], scale_cpu[0][i, :n]) if scale_cpu else None
-            self.writes.put((rid, ids_host[i, :n], aux_cpu[i, :n], final_cpu[i, :n], sc, pending))
-        self.writes.put((_WRITTEN, rids, None, None, None, None))
+            row = (checked, i) if checked is not None else None
+            self.writes.put(
+                (rid, ids_host[i, :n], aux_cpu[i, :n], final_cpu[i, :n], sc, pending, row)
+            )
+        self.writes.put((_WRITTEN, rids, None, None, None, None, None))
         self.batches += 1
         send(
             pr.Done(rids, sum(len(s) for s in seqs), len(seqs) * longest, time.perf_counter() - t0)
@@ -424,6 +443,16 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.suppress(BrokenPipeError, ValueError):
         sys.stdout.flush()
     return 0
+
+
+def finite_rows(final: Any, aux: Any, mask: Any) -> Any:
+    """Per sample of a padded batch (``[B, T, ...]`` states, ``[B, T]`` attention mask), on
+    the states' device: whether its real tokens' states are all finite (the padding's are
+    never stored, so never checked)."""
+    import torch
+
+    ok = torch.isfinite(final).all(-1) & torch.isfinite(aux).all(-1)
+    return (ok | (mask == 0)).all(-1)
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ from eagle3proto import paths
 from eagle3proto.paths import TMP_MARK, sample_relpath
 
 from eagle3d.dumps.format import BadDump, Dump, read_dump
-from eagle3d.remote import faults, storedtype
+from eagle3d.remote import faults, samplefile, storedtype
 from eagle3d.remote.storedtype import StoreFormat
 from eagle3d.store import archive as ckpt
 from eagle3d.store import fp8, splice
@@ -289,7 +289,10 @@ class Committer:
             self._flush(fd, staged.view, size, direct)
             return size, f"crc32:{staged.written.crc:08x}"
 
-        return self._new_temp(idx, True, write)
+        try:
+            return self._new_temp(idx, True, write)
+        finally:
+            staged.close()
 
     def _new_temp(
         self, idx: int, direct_ok: bool, write: Callable[[int, bool], tuple[int, str]]
@@ -377,7 +380,7 @@ class Committer:
                     payload[name + fp8.SCALE_SUFFIX] = dump.scales[name + fp8.SCALE_SUFFIX][None]
             else:
                 payload.update(fp8.quantized_states(payload))
-        fits = self.writer == "archive" and ckpt.fits(payload)
+        fits = self.writer == "archive" and samplefile.fits(payload)
 
         def write(fd: int, direct: bool) -> tuple[int, str]:
             if fits:
@@ -401,7 +404,7 @@ class Committer:
                 self._no_direct(f"open: {e}")  # no direct I/O here (an older kernel's tmpfs)
         return os.open(tmp, flags, FILE_MODE, dir_fd=dir_fd)
 
-    def _write_archive(self, fd: int, payload: dict[str, Any], direct: bool) -> ckpt.Written:
+    def _write_archive(self, fd: int, payload: dict[str, Any], direct: bool) -> samplefile.Written:
         if direct:
             try:
                 return ckpt.write(fd, payload, direct=self._buffer())

@@ -2,7 +2,7 @@
 and of ``eagle3d run``'s check at start.
 
 A sample file's size is known exactly from its token count: it is the archive
-:mod:`eagle3d.store.archive` lays out for the sample's tensors in the job's storage format (ids and
+:mod:`eagle3d.remote.samplefile` lays out for the sample's tensors in the job's storage format (ids and
 mask int64, the states in the stored dtype, fp8's scales, the zip's records, padded to
 whole 4 KiB blocks), computed by the same code that lays out every commit
 (:func:`file_bytes`). Beside the files the job writes its journal (about
@@ -42,8 +42,8 @@ DEFAULT_RESERVE = "256M"
 @functools.lru_cache(maxsize=65536)
 def file_bytes(tokens: int, hidden: int, n_layers: int, fmt: StoreFormat) -> int:
     """The exact size of the file of a ``tokens``-token sample in format ``fmt``."""
-    from eagle3d.store import archive as ckpt
-    from eagle3d.store.splice import fp8_spec, states_spec
+    from eagle3d.remote import samplefile as ckpt
+    from eagle3d.remote.samplefile import fp8_spec, states_spec
 
     if fmt.scaled:
         spec = fp8_spec(tokens, hidden, n_layers)

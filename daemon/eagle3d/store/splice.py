@@ -1,8 +1,8 @@
 """Move a dump's tensors into their sample archive without unpacking them.
 
 The general commit path loads a dump with safetensors into fresh tensors, checks them,
-builds an archive around them (:mod:`eagle3d.store.archive`) and gathers it into the commit thread's
-direct-I/O buffer: three copies of the data, a dozen tensor objects and their page faults
+builds an archive around them (:mod:`eagle3d.remote.samplefile`) and gathers it into the
+commit thread's direct-I/O buffer: three copies of the data, a dozen tensor objects and their page faults
 per sample. Here the dump's header is read, the archive's layout (:func:`ckpt.plan`, cached
 per shape) is laid out in that buffer, and each tensor's bytes are read (``preadv``) straight
 into their slot, where they are checked and from where they are written. The checks are
@@ -22,6 +22,12 @@ For the fp8 format (``store.scaled``) the rows are quantized within that read in
 scale per row into the scale tensor's slot), and the finite check runs on the scales: a
 NaN or an Inf anywhere in a row makes its scale NaN or infinite.
 
+A v2 dump (:mod:`eagle3d.remote.dumpfile`) is the sample file already, but for its loss
+mask: it is mapped privately instead, its ids checked, the mask and the CRC fields put in
+copies of a few of its pages, and it is written out straight from the mapping
+(:func:`_stage_mapped`); its states never pass through this CPU. One in another dtype than
+stored is read as a v1 dump is (its trailer gives the same byte ranges).
+
 Anything unusual (another dtype, a garbled header, a failed check) makes :func:`stage`
 return None: the caller then takes the general path, which reads the dump with safetensors
 and words the error. The fast path never has to describe a bad dump.
@@ -29,17 +35,28 @@ and words the error. The fast path never has to describe a bad dump.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import mmap
 import os
+import struct
 import threading
 from array import array
 from dataclasses import dataclass
 from typing import Any
 
-from eagle3d.dumps.format import BadDump, read_header, vanished
+from eagle3d.dumps.format import (
+    BadDump,
+    Trailer,
+    is_sample_dump,
+    read_header,
+    read_trailer,
+    vanished,
+)
+from eagle3d.remote import samplefile as ckpt
 from eagle3d.remote.dumpfile import FORMAT
+from eagle3d.remote.samplefile import fp8_spec, states_spec
 from eagle3d.remote.storedtype import SCALE_SUFFIX, StoreFormat
-from eagle3d.store import archive as ckpt
 from eagle3d.store import fp8
 from eagle3d.store.crc import crc32
 from eagle3d.store.directio import DirectBuffer
@@ -76,10 +93,20 @@ SEAM = Seam()
 
 @dataclass(frozen=True, slots=True)
 class Staged:
-    """A sample archive complete in a buffer: write ``view[:written.nbytes]``."""
+    """A sample archive complete in a buffer: write ``view[:written.nbytes]``, then
+    :meth:`close`."""
 
     view: memoryview
     written: ckpt.Written
+    #: The private mapping of a v2 dump the view lies in (None: the commit thread's buffer).
+    mapping: mmap.mmap | None = None
+
+    def close(self) -> None:
+        """Unmap a v2 dump's mapping (at once, not when the last view is collected)."""
+        if self.mapping is not None:
+            self.view.release()
+            with contextlib.suppress(BufferError):  # a view still held: unmapped when freed
+                self.mapping.close()
 
 
 def stage(
@@ -103,7 +130,14 @@ def stage(
     except FileNotFoundError as e:
         raise vanished(path) from e
     try:
-        h = read_header(fd)
+        if is_sample_dump(fd):
+            tr = read_trailer(fd)
+            staged = _stage_mapped(fd, tr, sent_ids, loss_mask, hidden_size, layers, limit, store)
+            if staged is not None:
+                return staged
+            h = tr.header()  # another dtype than stored (or a failed check): read as v1's
+        else:
+            h = read_header(fd)
         if h.meta.get("format") != FORMAT:
             return None
         if set(h.tensors) == _SCALED_NAMES and store is not None and store.scaled:
@@ -159,6 +193,82 @@ def warm_up(store: StoreFormat | None) -> None:
     ckpt.plan(fp8_spec(1, 8, 1) if scaled else states_spec(1, 8, 1, dtype))
     finite(bytes(8), "F8_E4M3" if scaled else _CODES.get(dtype, "BF16"))
     crc32(bytes(8), 0)
+
+
+def _stage_mapped(
+    fd: int,
+    tr: Trailer,
+    sent_ids: list[int],
+    loss_mask: list[int],
+    hidden_size: int,
+    layers: list[int],
+    limit: int,
+    store: StoreFormat | None,
+) -> Staged | None:
+    """:func:`stage` for a v2 dump (:mod:`eagle3d.remote.dumpfile`), which is the sample
+    file already, but for its loss mask and serialization id: mapped privately, its ids
+    checked against what was sent, the archive's headers laid over it again (copied on
+    write: a few pages), the mask written into its slot, the records' CRC-32 fields and
+    the file's CRC-32 made from the producer's CRCs of the states (read from the headers
+    before they were laid over) and the ids' and mask's. The states' pages are only read
+    by the write that follows, straight from the mapping (``O_DIRECT`` where the output
+    allows it); this CPU never passes over them. The producer checked them finite where
+    they were made (the trailer's ``finite``). None for a dump that says otherwise, or
+    that is not in this job's format: the caller reads it as it reads a v1 dump."""
+    t = len(sent_ids)
+    dtype = store.torch_dtype if store is not None else tr.dtype
+    if not tr.finite or tr.dtype != dtype or tr.layers != ",".join(map(str, layers)):
+        return None
+    if (tr.tokens, tr.hidden) != (t, hidden_size) or len(loss_mask) != t:
+        return None
+    plan = tr.plan()
+    if plan.total > limit:
+        return None
+    m = mmap.mmap(fd, plan.total, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    view = memoryview(m)
+    staged = Staged(view, ckpt.Written(0, 0), m)
+    try:
+        (ids_at, n_ids), (mask_at, n_mask), *states = plan.slots
+        ids_ok = view[ids_at : ids_at + n_ids] == memoryview(array("q", sent_ids)).cast("B")
+        if not ids_ok or not _same_layout(plan, view):
+            staged.close()
+            return None
+        if tr.scaled and not all(_positive(view[at : at + n]) for at, n in states[2:]):
+            staged.close()
+            return None
+        # The states' CRC-32 as the producer put them in their records' local headers.
+        known = {
+            off: struct.unpack_from("<I", view, local)[0]
+            for off, _, local, _ in plan.variable[2:-1]
+        }
+        ckpt.fill(plan, view)
+        view[mask_at : mask_at + n_mask] = memoryview(array("q", loss_mask)).cast("B")
+        SEAM.add("as_is", 2)
+        return Staged(view, ckpt.seal(plan, view, known), m)
+    except BaseException:
+        staged.close()
+        raise
+
+
+def _same_layout(plan: ckpt.Plan, view: memoryview) -> bool:
+    """Whether the archive in ``view`` has ``plan``'s headers, records and directory, but
+    for what changes from file to file (the records' CRC-32 fields, the serialization
+    id): a few KiB compared, so that a dump laid out otherwise is never taken slot by
+    slot."""
+    for off, data in plan.gaps:
+        got = bytearray(view[off : off + len(data)])
+        end = off + len(data)
+        for _, _, local, central in plan.variable:
+            for field in (local, central):
+                if off <= field < end:
+                    got[field - off : field - off + 4] = data[field - off : field - off + 4]
+        if off <= plan.serial < end:
+            got[plan.serial - off : plan.serial - off + 40] = data[
+                plan.serial - off : plan.serial - off + 40
+            ]
+        if got != data:
+            return False
+    return True
 
 
 def _stage_scaled(
@@ -272,29 +382,6 @@ def _positive(raw: Any) -> bool:
 
     a = np.frombuffer(raw, np.float32)
     return bool(a.size == 0 or a.min() > 0)
-
-
-Spec = tuple[tuple[str, str, tuple[int, ...]], ...]
-
-
-def states_spec(t: int, hidden_size: int, n_layers: int, dtype: str) -> Spec:
-    """The tensors of a sample file of ``t`` tokens whose states are ``dtype`` (a torch
-    dtype's name), as :func:`ckpt.plan` takes them."""
-    return (
-        ("input_ids", "int64", (t,)),
-        ("loss_mask", "int64", (t,)),
-        ("hidden_state", dtype, (1, t, hidden_size)),
-        ("aux_hidden_state", dtype, (1, t, n_layers * hidden_size)),
-    )
-
-
-def fp8_spec(t: int, hidden_size: int, n_layers: int) -> Spec:
-    """The tensors of an fp8 sample file of ``t`` tokens, as :func:`ckpt.plan` takes them."""
-    return (
-        *states_spec(t, hidden_size, n_layers, "float8_e4m3fn"),
-        ("hidden_state" + SCALE_SUFFIX, "float32", (1, t, 1)),
-        ("aux_hidden_state" + SCALE_SUFFIX, "float32", (1, t, 1)),
-    )
 
 
 def _read_quantize(

@@ -46,8 +46,9 @@ from typing import IO, TYPE_CHECKING, Any, Protocol, cast
 
 from eagle3proto import paths
 
+from eagle3d.remote import samplefile
 from eagle3d.remote.dumpfile import safetensors_parts
-from eagle3d.store import archive as ckpt
+from eagle3d.store import archive
 from eagle3d.store.crc import crc32
 
 if TYPE_CHECKING:
@@ -135,7 +136,7 @@ class SpecForge(Exporter):
                 sample["aux_hidden_state"].contiguous(),
                 sample["hidden_state"].contiguous(),
             )
-        w = ckpt.write(fd, payload)
+        w = archive.write(fd, payload)
         return w.nbytes, f"crc32:{w.crc:08x}"
 
 
@@ -405,4 +406,4 @@ def row(k: int, sample: dict[str, Any]) -> Row:
 
     ids = sample["input_ids"].to(torch.int64).contiguous()
     mask = sample["loss_mask"].to(torch.int64).contiguous()
-    return Row(k, bytes(ckpt.raw_bytes(ids)), bytes(ckpt.raw_bytes(mask)))
+    return Row(k, bytes(samplefile.raw_bytes(ids)), bytes(samplefile.raw_bytes(mask)))
