@@ -1,20 +1,25 @@
 #!/usr/bin/env python3
 """One commit thread's CPU per committed byte, by the calls it spends it in.
 
-``Committer.commit_files`` (the daemon's fast path: each dump read into its slot, checked
-for NaN/Inf and CRC'd in cache-sized chunks, written with ``O_DIRECT``, fdatasync'ed,
-renamed) over ``--samples`` dumps of ``--tokens`` x h``--hidden`` bfloat16 states (3 aux
+``Committer.commit_files`` (the daemon's fast path: a v2 dump mapped, its ids checked, its
+headers, mask and CRC fields put in private pages, written with ``O_DIRECT`` from the
+mapping; with ``--layout safetensors`` a v1 dump read into its slot, checked for NaN/Inf and
+CRC'd in cache-sized chunks, written with ``O_DIRECT``; then fdatasync'ed, renamed) over
+``--samples`` dumps of ``--tokens`` x h``--hidden`` bfloat16 states (3 aux
 layers) in /dev/shm, batches of 8, on this thread; each call of interest wrapped to add
 its ``thread_time`` to a counter, "rest" the Python around them. The dumps are hard links
 of one file (its pages stay in memory; the daemon reads every dump once, cold).
 
     .venv/bin/python bench/commit_calls.py [--samples 300] [--tokens 400] [--hidden 2048]
+        [--layout sample|safetensors]
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import gc
+import mmap
 import os
 import sys
 import time
@@ -26,6 +31,16 @@ from scratch import scratch
 
 ROOT = Path(__file__).resolve().parent.parent
 SYSCALLS = ("pwrite", "fdatasync", "preadv", "fsync", "open", "rename", "close", "ftruncate")
+
+
+class _Mmap:
+    """The ``mmap`` module as the splice sees it, its ``mmap`` counted."""
+
+    def __init__(self, counted: Callable[..., Any]) -> None:
+        self.mmap = counted
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(mmap, name)
 
 
 class _Os:
@@ -60,8 +75,10 @@ def main() -> int:
         default="/dev/shm",
         help="where the dumps go: a tmpfs (mounted with huge=within_size for 2 MiB pages)",
     )
+    p.add_argument("--layout", default="sample", choices=("sample", "safetensors"))
     a = p.parse_args()
-    from eagle3d.store import archive, committer, directio, splice
+    from eagle3d.remote import samplefile
+    from eagle3d.store import committer, directio, splice
 
     acc: collections.Counter[str] = collections.Counter()
     fake = _Os({n: _timed(getattr(os, n), n, acc) for n in SYSCALLS})
@@ -69,7 +86,10 @@ def main() -> int:
         mod.os = fake  # type: ignore[attr-defined]
     splice.finite = _timed(splice.finite, "NaN/Inf check", acc)  # type: ignore[assignment]
     splice.crc32 = _timed(splice.crc32, "CRC-32", acc)
-    archive.crc32 = _timed(archive.crc32, "CRC-32 (seal)", acc)
+    samplefile.crc32 = _timed(samplefile.crc32, "CRC-32 (seal)", acc)
+    splice.mmap = _Mmap(_timed(mmap.mmap, "mmap", acc))  # type: ignore[assignment]
+    splice.read_trailer = _timed(splice.read_trailer, "trailer", acc)
+    splice._same_layout = _timed(splice._same_layout, "headers compared", acc)
     with scratch("bench-commit-calls-", a.dump_area, a.dir) as (shm, out):
         cpu, gb = measure(a, shm, out, acc)
     print(f"{a.samples} samples, {gb:.2f} GB: {cpu:.3f} CPU-s, {cpu / gb:.3f} CPU-s/GB")
@@ -92,11 +112,12 @@ def measure(
     ids = torch.randint(7, 500, (t,))
     aux = torch.randn(t, 3 * a.hidden).to(torch.bfloat16)
     hid = torch.randn(t, a.hidden).to(torch.bfloat16)
-    one = write_dump(shm, "template", ids, aux, hid, layers)
+    one = write_dump(shm, "template", ids, aux, hid, layers, layout=a.layout)
     for i in range(a.samples):
         os.link(one, f"{shm}/d{i}.e3dump")
     c = committer.Committer(out, store=storedtype.get("bfloat16"), writer="archive", splice=True)
     c.warm_up()
+    gc.freeze()  # as the daemon does after its start: its collections skip what is loaded
     acc.clear()
     sent, mask = ids.tolist(), [1] * t
     t0 = time.thread_time()
@@ -104,7 +125,18 @@ def measure(
         batch = [(i, sent, mask, f"{shm}/d{i}.e3dump") for i in range(b, min(a.samples, b + 8))]
         bad = [r for r in c.commit_files(batch, a.hidden, layers) if isinstance(r, Exception)]
         assert not bad, bad
-    return time.thread_time() - t0, a.samples * os.path.getsize(one) / 1e9
+    cpu = time.thread_time() - t0
+    return cpu, a.samples * committed_bytes(out, one) / 1e9
+
+
+def committed_bytes(out: str, dump: str) -> int:
+    """A committed sample file's size (the dumps are alike): not the dump's, which has a
+    trailer (v2) or another layout (v1)."""
+    for root, _dirs, files in os.walk(out):
+        for f in files:
+            if f.endswith(".ckpt"):
+                return os.path.getsize(os.path.join(root, f))
+    raise FileNotFoundError(f"no sample file under {out} (dump {dump})")
 
 
 if __name__ == "__main__":

@@ -21,7 +21,14 @@ per byte is multiplied by ~1 GB/s per GPU (issue #32). This measures that cost a
   bytes from a file in the dump area (tmpfs) to that disk: the bytes' own way, where the
   read from tmpfs is the kernel's copy out of 4 KiB page-cache pages, not one memcpy.
 
-It prints, per storage format, the daemon's CPU over the floor's with the start included
+``--layouts sample,safetensors`` runs each format with the synthetic producer's dumps in
+each layout (``EAGLE3D_SYNTHETIC_LAYOUT``): the sample file's (v2, the default: the commit
+maps the dump and writes it out from the mapping) and safetensors' (v1: the commit reads
+the states into its buffer, checks and checksums them there). For v1 the synthetic
+producer makes its dumps with torch, in the daemon's process (its threads are counted
+apart, "the producer's threads"); for v2 it makes them without torch.
+
+It prints, per storage format (and layout), the daemon's CPU over the floor's with the start included
 and without (the whole run less the one-sample run), and the CPU by thread (the kernel's
 per-thread counters, read until the threads end: commit threads, reaper, journal flush,
 loop, feeder). ``--strace`` runs the daemon once more under ``strace -f -c`` for its syscall
@@ -37,6 +44,7 @@ is 3.9 GB, fp8 half that; everything written is removed at the end.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
@@ -144,6 +152,7 @@ def run_daemon(
     wrap: list[str] | None = None,
     extra: tuple[str, ...] = (),
     fresh: bool = True,
+    env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """One ``eagle3d run`` (on a fresh output, or resuming the one there); its CPU, its
     CPU by thread, what the output holds after it."""
@@ -177,7 +186,7 @@ def run_daemon(
     ]
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(cmd, env=env or ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     threads_cpu = ThreadCpu(proc.pid) if wrap is None else None
     _, err = proc.communicate()
     wall = time.monotonic() - t0
@@ -282,6 +291,11 @@ def main() -> int:
     p.add_argument("--layers", type=int, default=24)
     p.add_argument("--threads", type=int, default=2, help="commit threads")
     p.add_argument("--formats", default="bfloat16,fp8")
+    p.add_argument(
+        "--layouts",
+        default="sample",
+        help="the dumps' layouts, comma-separated: sample (v2), safetensors (v1)",
+    )
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--strace", action="store_true")
     p.add_argument("--py-spy", action="store_true")
@@ -298,16 +312,21 @@ def main() -> int:
         one = dataset(base / "one.jsonl", 1, 1, a.tokens)  # the first row of data.jsonl
         two = dataset(base / "two.jsonl", 2, a.convs, a.tokens)  # its first two rows
         for r in range(a.rounds):
-            for fmt in a.formats.split(","):
+            for fmt, layout in itertools.product(a.formats.split(","), a.layouts.split(",")):
+                key = fmt if a.layouts == "sample" else f"{fmt}, {layout}"
 
                 def run(
                     wrap: list[str] | None = None,
                     d: Path = data,
                     fmt: str = fmt,
                     fresh: bool = True,
+                    layout: str = layout,
                 ) -> dict[str, Any]:
                     out = base / "out"
-                    return run_daemon(model, d, out, shm, fmt, a.threads, wrap, fresh=fresh)
+                    env = {**ENV, "EAGLE3D_SYNTHETIC_LAYOUT": layout}
+                    return run_daemon(
+                        model, d, out, shm, fmt, a.threads, wrap, fresh=fresh, env=env
+                    )
 
                 if a.fresh:
                     first = start = run(d=one)
@@ -365,8 +384,8 @@ def main() -> int:
                     svg = base / f"py-spy-{fmt}.txt"
                     run(["py-spy", "record", "--raw", "-t", "-r", "200", "-o", str(svg), "--"])
                     row["py_spy"] = top_frames(svg)
-                results.setdefault(fmt, []).append(row)
-                report(fmt, r + 1, row)
+                results.setdefault(key, []).append(row)
+                report(key, r + 1, row)
         summary(results)
         if a.json:
             Path(a.json).write_text(json.dumps(results, indent=1))

@@ -1,9 +1,10 @@
 """The dump area's filesystem, as the commit path meets it: tmpfs pages of 4 KiB or 2 MiB.
 
-A commit reads each dump back out of the dump area. On a tmpfs mounted without ``huge=`` (as
-``/dev/shm`` usually is) the kernel copies it one 4 KiB page at a time; on one mounted with
-``huge=within_size`` (or ``always``) files are kept in 2 MiB pages and the same read costs
-about half the CPU (``bench/commit_calls.py --dump-area``, docs/benchmarks.md). The daemon
+A commit writes each dump out of the dump area with direct I/O from its mapping (a v1 dump:
+reads it back). On a tmpfs mounted without ``huge=`` (as ``/dev/shm`` usually is) the kernel
+pins (or copies) it one 4 KiB page at a time; on one mounted with ``huge=within_size`` (or
+``always``) files are kept in 2 MiB pages and the commit threads spend about half the CPU
+(``bench/commit_cpu.py --dump-area``, docs/benchmarks.md). The daemon
 says so at start when it could gain from it (docs/operations.md has the mount).
 """
 
@@ -60,7 +61,7 @@ def advice(path: str, area: Area | None) -> str:
         return ""
     return (
         f"dump area {path}: a tmpfs in 4 KiB pages ({area.mount}, huge={area.huge}); on a "
-        "tmpfs mounted with huge=within_size the commit threads read each dump back with "
+        "tmpfs mounted with huge=within_size the commit threads move each dump with "
         "about half the CPU (docs/operations.md, 'The dump area')"
     )
 

@@ -191,12 +191,17 @@ def vanished(path: str) -> DumpVanished:
     return DumpVanished(f"{os.path.basename(path)} vanished before it was read")
 
 
-def read_dump(path: str) -> Dump:
-    """Load a dump of either layout. Raises BadDump for anything malformed or truncated."""
+def open_dump(path: str) -> int:
+    """A descriptor of the dump at ``path``; DumpVanished if it is gone."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError as e:
         raise vanished(path) from e
+
+
+def read_dump(path: str) -> Dump:
+    """Load a dump of either layout. Raises BadDump for anything malformed or truncated."""
+    fd = open_dump(path)
     try:
         if is_sample_dump(fd):
             return _read_sample_dump(fd)

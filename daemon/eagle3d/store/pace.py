@@ -16,15 +16,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 #: Daemon CPU-seconds per GB committed, beyond its fixed start (bench/commit_cpu.py, h2048,
-#: ~400-token samples): dumps already in the stored format, bytes moved (read, checked,
-#: checksummed, written; the HF workers' dumps), bfloat16 (0.51 on a quiet machine) and fp8
-#: (0.84-0.92 under load 18-22: half the bytes per sample for the same per-sample work);
-#: and bfloat16 dumps quantized to fp8 by the commit (an SGLang server's; 2.85).
+#: 400-800-token samples, a dump area in 4 KiB pages): dumps in the sample file's layout,
+#: written out from the mapped dump (the HF workers', the SGLang hook's), bfloat16 0.48-0.57
+#: and fp8 0.62-0.68 (half the bytes per sample for the same per-sample work; the safetensors
+#: layout's read, check and checksum took 0.80 and 0.89 in the same runs); and bfloat16
+#: dumps quantized to fp8 by the commit (2.85). A dump area in 2 MiB pages takes 0.29-0.37
+#: for bfloat16.
 CPU_S_PER_GB_AS_IS = 0.5
-CPU_S_PER_GB_AS_IS_FP8 = 0.9
+CPU_S_PER_GB_AS_IS_FP8 = 0.65
 CPU_S_PER_GB_QUANTIZED = 2.9
-#: The daemon's fixed start in CPU-seconds (imports, tokenizer, journal), paid by a resume too.
-START_CPU_S = 2.7
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,9 +49,9 @@ from eagle3d.dumps.format import (
     BadDump,
     Trailer,
     is_sample_dump,
+    open_dump,
     read_header,
     read_trailer,
-    vanished,
 )
 from eagle3d.remote import samplefile as ckpt
 from eagle3d.remote.dumpfile import FORMAT
@@ -124,11 +124,7 @@ def stage(
     general path (see the module's docstring), or when the archive would exceed ``limit``
     bytes. Raises DumpVanished if the file is gone.
     """
-
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError as e:
-        raise vanished(path) from e
+    fd = open_dump(path)
     try:
         if is_sample_dump(fd):
             tr = read_trailer(fd)
