@@ -207,12 +207,14 @@ def fits(tensors: dict[str, torch.Tensor]) -> bool:
 def _crc32_combine() -> Any:
     """zlib's ``crc32_combine`` (Python's zlib module does not expose it), or None.
 
-    Loaded on first use, not at import: ``ctypes.util.find_library`` runs ``ldconfig`` in a
-    subprocess, and this module is imported inside SGLang's workers (via the dump writer).
+    Loaded on first use, not at import, and ``ctypes.util.find_library`` (an ``ldconfig``
+    subprocess) only where the usual soname fails: this module is imported inside SGLang's
+    workers (via the dump writer).
     """
     import ctypes.util
 
-    for name in ("libz.so.1", ctypes.util.find_library("z")):
+    for k in range(2):
+        name = "libz.so.1" if k == 0 else ctypes.util.find_library("z")
         if not name:
             continue
         try:
@@ -238,15 +240,16 @@ class _Hole:
 
 
 class _Archive:
-    def __init__(self) -> None:
+    def __init__(self, file_crc: bool = True) -> None:
         self.parts: list[Any] = []
         self.pos = 0
-        self.crc = 0  # of the file so far
+        self.crc = 0  # of the file so far (left 0 without ``file_crc``)
+        self.file_crc = file_crc
         self.entries: list[tuple[bytes, int, int, int]] = []  # name, crc, size, offset
 
     def _emit(self, data: Any, crc: int | None = None) -> None:
         n = len(data)
-        if isinstance(data, _Hole):  # a plan's slot: no bytes, and no file CRC either
+        if isinstance(data, _Hole) or not self.file_crc:  # no file CRC to keep
             self.parts.append(data)
             self.pos += n
             return
@@ -293,11 +296,12 @@ class _Archive:
         self._emit(bytes(central) + end + b" " * pad)
 
 
-def build(tensors: dict[str, torch.Tensor]) -> tuple[list[Any], Written]:
+def build(tensors: dict[str, torch.Tensor], file_crc: bool = True) -> tuple[list[Any], Written]:
     """The archive ``torch.save(tensors)`` would write (contiguous CPU tensors; see
     :func:`fits`), as parts to write in order (the tensors' own memory, not copied), and
-    its size and CRC-32."""
-    a = _Archive()
+    its size and CRC-32 (0 without ``file_crc``: a producer's dump, whose file CRC the
+    commit makes from the records' own)."""
+    a = _Archive(file_crc)
     a.record("archive/data.pkl", data_pkl(tensors))
     a.record("archive/.format_version", b"1")
     a.record("archive/.storage_alignment", b"64")
