@@ -282,3 +282,26 @@ def test_a_dump_the_producer_says_is_not_finite_is_checked_by_the_general_path(
     assert splice.SEAM.snapshot().get("as_is", 0) - before.get("as_is", 0) == 2  # v1's way
     got = torch.load(tmp_path / "out" / r.relpath, weights_only=True)
     assert torch.equal(got["hidden_state"][0], hid)
+
+
+def test_a_dump_that_cannot_be_mapped_is_read_instead(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A mapping refused (ENOMEM: the environment's, never the sample's) sends the dump the
+    read path: the sample is committed all the same."""
+    import errno
+    import mmap as real
+
+    def refuse(*_: Any, **__: Any) -> Any:
+        raise OSError(errno.ENOMEM, "Cannot allocate memory")
+
+    class NoMapping:  # the mmap module as the splice sees it, refusing to map
+        MAP_PRIVATE, PROT_READ, PROT_WRITE = real.MAP_PRIVATE, real.PROT_READ, real.PROT_WRITE
+        mmap = staticmethod(refuse)
+
+    path, _aux, hid = _v2(tmp_path)
+    monkeypatch.setattr(splice, "mmap", NoMapping)
+    r = _commit(tmp_path / "out", path, 16, BF16)
+    assert isinstance(r, Committed), r
+    got = torch.load(tmp_path / "out" / r.relpath, weights_only=True)
+    assert torch.equal(got["hidden_state"][0], hid)

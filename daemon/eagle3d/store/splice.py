@@ -220,7 +220,10 @@ def _stage_mapped(
     plan = tr.plan()
     if plan.total > limit:
         return None
-    m = mmap.mmap(fd, plan.total, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    try:
+        m = mmap.mmap(fd, plan.total, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    except OSError:  # no room for the mapping (ENOMEM), a filesystem without it: read it
+        return None
     view = memoryview(m)
     staged = Staged(view, ckpt.Written(0, 0), m)
     try:
