@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import random
 import resource
@@ -268,6 +269,13 @@ def dd_from_dumps_cpu(shm: str, base: Path, nbytes: int) -> float:
     return ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime
 
 
+def _fits(shm: str, nbytes: int) -> bool:
+    """Whether the dump area holds a file of ``nbytes`` with room to spare (a job larger
+    than memory has no "dd from the dump area" reference: nan)."""
+    st = os.statvfs(shm)
+    return nbytes < st.f_bavail * st.f_frsize // 2
+
+
 def strace_counts(run: Any, base: Path) -> str:
     """The daemon's syscalls (``strace -f -c``), the top 15 by time."""
     out = base / "strace.txt"
@@ -340,7 +348,7 @@ def main() -> int:
                 copy = memcpy_cpu(nbytes)
                 dd, dd_wall = dd_cpu(base, nbytes)
                 floor = copy + dd
-                moved = dd_from_dumps_cpu(shm, base, nbytes)
+                moved = dd_from_dumps_cpu(shm, base, nbytes) if _fits(shm, nbytes) else math.nan
                 row = {
                     "load": os.getloadavg()[0],
                     "bytes": nbytes,

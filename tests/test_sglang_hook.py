@@ -267,7 +267,7 @@ def host_batch(items: list[tuple[sh.Tag, int, list[int]]]) -> sh.Batch:
 
 
 def failing_write(fail: set[str], calls: list[str]) -> Any:
-    def write(d: str, rid: str, ids: torch.Tensor, *a: Any) -> None:
+    def write(d: str, rid: str, ids: torch.Tensor, *a: Any, **k: Any) -> None:
         calls.append(rid)
         if rid in fail:
             raise OSError(errno.ENOSPC, "No space left on device")
@@ -340,6 +340,46 @@ def test_a_lost_chunk_is_called_a_lost_chunk(
     assert "lost chunk of request x" in caplog.text and "unfinished chunked" in caplog.text
     assert "radix" not in caplog.text.lower()
     assert markers(tmp_path) == [("x", "LOST")]
+
+
+def test_a_chunked_prefill_carries_its_device_checks_and_scales_into_its_dump(
+    tmp_path: Path,
+) -> None:
+    """The finite check made on the device and fp8's scales travel with each chunk: the dump
+    is written with the scales of all its rows, in order, and called finite only when every
+    chunk's rows were; a batch without them (None) leaves the check to the writer."""
+    calls: list[tuple[str, Any, Any]] = []
+
+    def write(
+        d: str,
+        rid: str,
+        ids: Any,
+        aux: Any,
+        hid: Any,
+        layers: Any,
+        scales: Any = None,
+        *,
+        finite: Any = None,
+    ) -> None:
+        calls.append((rid, scales, finite))
+
+    def checked(items: list[tuple[sh.Tag, int, list[int]]], ok: list[bool]) -> sh.Batch:
+        b = host_batch(items)
+        b.finite = torch.tensor(ok)
+        b.aux_scale = b.ids[:, None].float() / 10
+        b.hidden_scale = b.ids[:, None].float() / 100
+        return b
+
+    a = sh.DumpAssembler(str(tmp_path), [1], write=write)
+    x, y = tagged("x", [1, 2, 3, 4]), tagged("y", [5, 6])
+    a.feed(checked([(x, 0, [1, 2])], [True, True]))
+    a.feed(checked([(x, 2, [3, 4]), (y, 0, [5, 6])], [True, False, True, True]))
+    a.feed(host_batch([(tagged("z", [9]), 0, [9])]))
+    (rx, sx, fx), (ry, sy, fy), (rz, sz, fz) = calls
+    assert (rx, fx, ry, fy, rz, sz, fz) == ("x", False, "y", True, "z", None, None)
+    assert sx[0].flatten().tolist() == pytest.approx([0.1, 0.2, 0.3, 0.4])
+    assert sx[1].flatten().tolist() == pytest.approx([0.01, 0.02, 0.03, 0.04])
+    assert sy[0].flatten().tolist() == pytest.approx([0.5, 0.6])
 
 
 @pytest.mark.parametrize("radix", [None, True, False])

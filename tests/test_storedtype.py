@@ -379,6 +379,39 @@ def test_the_sglang_hook_casts_to_the_storage_dtype_its_config_names(
     assert torch.equal(cast.hidden_state, plain.hidden_state.to(torch.bfloat16))
 
 
+def test_the_sglang_hook_quantizes_fp8_on_the_states_device(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """With ``store_dtype: fp8`` the hook quantizes where the states are, before the copy to
+    the host: its dump holds the e4m3 values and scales the commit's own quantization gives
+    (one function), says the states were finite (checked there too), and is committed as
+    it is — mapped, nothing quantized or read by the daemon."""
+    plain = _hooked_dumps(tiny_model_dir, tmp_path / "a", None)
+    q = _hooked_dumps(tiny_model_dir, tmp_path / "b", "fp8")
+    fp8 = storedtype.FORMATS["fp8"]
+    for name in ("aux_hidden_state", "hidden_state"):
+        values, scale = storedtype.to_stored(getattr(plain, name), fp8)
+        got = getattr(q, name)
+        assert got.dtype == torch.float8_e4m3fn
+        assert torch.equal(got.view(torch.uint8), values.view(torch.uint8))
+        assert torch.equal(q.scales[name + "_scale"], scale)
+    path = str(tmp_path / "b" / "s1.e3dump")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert read_trailer(fd).finite
+    finally:
+        os.close(fd)
+    before = splice.SEAM.snapshot().get("as_is", 0)
+    c = Committer(str(tmp_path / "out"), store=fp8)
+    ids = q.input_ids.tolist()
+    hidden = plain.hidden_state.shape[-1]
+    (r,) = c.commit_files([(0, ids, [1] * len(ids), path)], hidden, q.layers)
+    assert isinstance(r, Committed), r
+    assert splice.SEAM.snapshot().get("as_is", 0) - before == 2  # the mapped way, as it is
+    saved = torch.load(tmp_path / "out" / r.relpath, weights_only=True)
+    assert torch.equal(saved["hidden_state_scale"][0], q.scales["hidden_state_scale"])
+
+
 def test_the_hook_refuses_an_unknown_storage_dtype_and_the_launcher_passes_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -74,7 +74,7 @@ class Capture:
         store: Any = None,
     ):
         self.dump_dir = dump_dir
-        self.store = store  # a StoreFormat: states cast to it on the device; None: as computed
+        self.store = store  # a StoreFormat: states stored so on the device; None: as computed
         self.layers = layers
         self.captured = sorted(set(layers))
         self.order = [self.captured.index(i) for i in layers]
@@ -182,18 +182,20 @@ class Capture:
             else list(aux.chunk(len(self.captured), dim=-1))
         )
         aux_t = torch.cat([parts[k] for k in self.order], dim=-1)
-        picked = [fb.input_ids[rows], aux_t[rows], hidden[rows]]
+        aux_t, hid_t = aux_t[rows], hidden[rows]
+        # Whether each row's states are finite, on the device: the writer then never passes
+        # over the states on the host to check them (a NaN sends the dump the daemon's
+        # checks, which word it).
+        finite = torch.isfinite(aux_t).all(-1) & torch.isfinite(hid_t).all(-1)
+        picked = [fb.input_ids[rows], aux_t, hid_t, finite]
         # Which of them are views of the model's own storage, which it may reuse after the
         # hook returns: a slice of ids or hidden. Indexing with a tensor, and the cat of the
         # aux states, made new tensors already (on CPU, a second copy would be wasted).
-        borrowed = [contiguous, False, contiguous]
-        if self.store is not None:  # before the copy: half the bytes over PCIe and in the dump
-            from eagle3d.remote.storedtype import cast
-
-            for k in (1, 2):
-                stored = cast(picked[k], self.store)
-                borrowed[k] = borrowed[k] and stored is picked[k]  # a cast made a new tensor
-                picked[k] = stored
+        borrowed = [contiguous, False, contiguous, False]
+        if self.store is not None:  # before the copy: fewer bytes over PCIe and in the dump
+            picked[1:3], borrowed[1:3], scales = _stored(aux_t, hid_t, self.store, borrowed[1:3])
+            picked += scales
+            borrowed += [False] * len(scales)
         cuda = hidden.is_cuda
         host = []
         for t, view in zip(picked, borrowed, strict=True):
@@ -212,7 +214,22 @@ class Capture:
         for tag, p, _, n in segs:
             segments.append(Segment(tag, p, off, n))
             off += n
-        return Batch(segments, host[0], host[1], host[2], ready)
+        ids, aux_h, hid_h, ok, *scaled = host
+        return Batch(segments, ids, aux_h, hid_h, ready, ok, *scaled)
+
+
+def _stored(
+    aux: Any, hid: Any, store: Any, borrowed: list[bool]
+) -> tuple[list[Any], list[bool], list[Any]]:
+    """The states as the job stores them, made on their device ([aux, hid], whether each is
+    still a view of the model's storage, fp8's scales [aux's, hid's] or none): the cast,
+    or fp8's quantization (:func:`eagle3d.remote.storedtype.to_stored`, the bytes the
+    commit's own would make), so that the daemon only moves them."""
+    from eagle3d.remote.storedtype import to_stored
+
+    (qa, sa), (qh, sh) = to_stored(aux, store), to_stored(hid, store)
+    views = [b and q is t for b, q, t in zip(borrowed, (qa, qh), (aux, hid), strict=True)]
+    return [qa, qh], views, ([sa, sh] if sa is not None and sh is not None else [])
 
 
 def make_hook(config: dict[str, Any], *, model: Any = None, ranks: Ranks | None = None) -> Capture:

@@ -51,12 +51,29 @@ class Batch:
     aux: torch.Tensor  # [n, k*H], host
     hidden: torch.Tensor  # [n, H], host
     ready: Any = None  # a CUDA event to wait on, or None for host tensors
+    finite: torch.Tensor | None = (
+        None  # [n] bool, host: the row's states all finite (None: unknown)
+    )
+    aux_scale: torch.Tensor | None = None  # [n, 1] float32, host: fp8 states' scales
+    hidden_scale: torch.Tensor | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Rows:
+    """One request's rows of one forward (a chunk of its prefill, or all of it)."""
+
+    ids: torch.Tensor
+    aux: torch.Tensor
+    hidden: torch.Tensor
+    finite: torch.Tensor | None
+    aux_scale: torch.Tensor | None
+    hidden_scale: torch.Tensor | None
 
 
 @dataclass(slots=True)
 class _Partial:
     filled: int
-    parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    parts: list[_Rows] = field(default_factory=list)
 
 
 class DumpAssembler:
@@ -100,7 +117,7 @@ class DumpAssembler:
         for s in batch.segments:
             sl = slice(s.offset, s.offset + s.length)
             try:
-                self._feed_one(s, batch.ids[sl], batch.aux[sl], batch.hidden[sl])
+                self._feed_one(s, _rows(batch, sl))
             except Exception as e:  # one request's failure loses its dump, not the batch's
                 self._fail(s.tag, e)
 
@@ -144,9 +161,7 @@ class DumpAssembler:
         while len(self.lost) > 4 * self.max_partials:
             self.lost.popitem(last=False)
 
-    def _feed_one(
-        self, s: Segment, ids: torch.Tensor, aux: torch.Tensor, hid: torch.Tensor
-    ) -> None:
+    def _feed_one(self, s: Segment, rows: _Rows) -> None:
         key = self._key(s.tag)
         if s.prefix == 0:
             self.partials.pop(key, None)
@@ -158,7 +173,7 @@ class DumpAssembler:
                 self._refuse_cached(s, key, found)
                 return
             part = found
-        part.parts.append((ids, aux, hid))
+        part.parts.append(rows)
         part.filled += s.length
         if part.filled < s.tag.length:  # chunked prefill: wait for the remaining chunks
             self.partials[key] = part
@@ -201,11 +216,7 @@ class DumpAssembler:
         )
 
     def _finish(self, tag: Tag, part: _Partial) -> None:
-        import torch
-
-        ids, aux, hid = (
-            torch.cat(t) if len(t) > 1 else t[0] for t in zip(*part.parts, strict=True)
-        )
+        ids, aux, hid = (_cat([getattr(r, k) for r in part.parts]) for k in _STATES)
         got = ids_digest(ids.tolist())
         if part.filled != tag.length or got != tag.digest:
             self.refused += 1
@@ -224,8 +235,42 @@ class DumpAssembler:
         if faults.hit("hook_drop") is not None:
             log.warning("eagle3d: EAGLE3D_FAULT hook_drop: the dump of %s is dropped", tag.rid)
             return
-        self.write(self.dump_dir, tag.rid, ids, aux, hid, self.layers)
+        scales = None
+        if all(r.aux_scale is not None and r.hidden_scale is not None for r in part.parts):
+            scales = (
+                _cat([r.aux_scale for r in part.parts if r.aux_scale is not None]),
+                _cat([r.hidden_scale for r in part.parts if r.hidden_scale is not None]),
+            )
+        finite = None
+        if all(r.finite is not None for r in part.parts):
+            finite = all(bool(r.finite.all()) for r in part.parts if r.finite is not None)
+        self.write(self.dump_dir, tag.rid, ids, aux, hid, self.layers, scales, finite=finite)
         self.written += 1
+
+
+_STATES = ("ids", "aux", "hidden")
+
+
+def _rows(batch: Batch, sl: slice) -> _Rows:
+    """A segment's rows of a batch."""
+
+    def cut(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t[sl]
+
+    return _Rows(
+        batch.ids[sl],
+        batch.aux[sl],
+        batch.hidden[sl],
+        cut(batch.finite),
+        cut(batch.aux_scale),
+        cut(batch.hidden_scale),
+    )
+
+
+def _cat(ts: list[torch.Tensor]) -> torch.Tensor:
+    import torch
+
+    return torch.cat(ts) if len(ts) > 1 else ts[0]
 
 
 class Writer:

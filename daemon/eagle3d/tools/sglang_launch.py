@@ -160,8 +160,9 @@ def _common(p: argparse.ArgumentParser) -> None:
         "--store-dtype",
         choices=tuple(storedtype.FORMATS),
         default=None,
-        help="cast the states to the job's storage dtype on the GPU before they are copied"
-        " out (default: as the server computes them; the daemon's commit casts them then)",
+        help="put the states in the job's storage dtype on the GPU before they are copied"
+        " out: cast, or quantized with their scales for fp8 (default: as the server computes"
+        " them; the daemon's commit casts or quantizes them then)",
     )
 
 
