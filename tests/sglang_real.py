@@ -98,7 +98,9 @@ class Server:
         env: dict[str, str] | None = None,
         threads: int | None = TEST_THREADS,
         layers: list[int] | None = None,
+        store_dtype: str | None = None,
     ) -> None:
+        """``store_dtype``: the hook's (``serve-sglang --store-dtype``; not with ``bare``)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.dump_dir = dump_dir
@@ -116,6 +118,7 @@ class Server:
             cmd = [sys.executable, "-m", "eagle3d", "serve-sglang", "--python", str(SGLANG_PY)]
             cmd += ["--dump-dir", str(dump_dir)]
             cmd += ["--layers", ",".join(map(str, layers))] if layers else []
+            cmd += ["--store-dtype", store_dtype] if store_dtype else []
             cmd += ["--", *user]
         self.cmd = cmd
         base = {k: v for k, v in os.environ.items() if k != "EAGLE3D_FAULT"}
