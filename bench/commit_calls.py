@@ -30,7 +30,17 @@ from typing import Any
 from scratch import scratch
 
 ROOT = Path(__file__).resolve().parent.parent
-SYSCALLS = ("pwrite", "fdatasync", "preadv", "fsync", "open", "rename", "close", "ftruncate")
+SYSCALLS = (
+    "pwrite",
+    "splice",
+    "fdatasync",
+    "preadv",
+    "fsync",
+    "open",
+    "rename",
+    "close",
+    "ftruncate",
+)
 
 
 class _Mmap:
@@ -76,6 +86,12 @@ def main() -> int:
         help="where the dumps go: a tmpfs (mounted with huge=within_size for 2 MiB pages)",
     )
     p.add_argument("--layout", default="sample", choices=("sample", "safetensors"))
+    p.add_argument(
+        "--pages",
+        default="spliced",
+        choices=("spliced", "mapped"),
+        help="a v2 dump's unchanged pages: spliced into the write, or written from the mapping",
+    )
     a = p.parse_args()
     from eagle3d.remote import samplefile
     from eagle3d.store import committer, directio, splice
@@ -90,6 +106,7 @@ def main() -> int:
     splice.mmap = _Mmap(_timed(mmap.mmap, "mmap", acc))  # type: ignore[assignment]
     splice.read_trailer = _timed(splice.read_trailer, "trailer", acc)
     splice._same_layout = _timed(splice._same_layout, "headers compared", acc)
+    splice.Staged.close = _timed(splice.Staged.close, "unmap", acc)  # type: ignore[method-assign]
     with scratch("bench-commit-calls-", a.dump_area, a.dir) as (shm, out):
         cpu, gb = measure(a, shm, out, acc)
     print(f"{a.samples} samples, {gb:.2f} GB: {cpu:.3f} CPU-s, {cpu / gb:.3f} CPU-s/GB")
@@ -116,6 +133,7 @@ def measure(
     for i in range(a.samples):
         os.link(one, f"{shm}/d{i}.e3dump")
     c = committer.Committer(out, store=storedtype.get("bfloat16"), writer="archive", splice=True)
+    c.splice_pages = a.pages == "spliced"
     c.warm_up()
     gc.freeze()  # as the daemon does after its start: its collections skip what is loaded
     acc.clear()

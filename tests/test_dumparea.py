@@ -43,6 +43,14 @@ def test_advice_only_for_a_tmpfs_in_small_pages() -> None:
     assert area.area_of("/x", "garbage\n") is None
 
 
+def test_only_a_tmpfs_in_2_mib_pages_has_its_dumps_written_from_a_mapping() -> None:
+    def huge(path: str) -> bool:
+        return area.huge_pages(area.area_of(path, MOUNTINFO))
+
+    assert huge("/srv/e3d dumps/job") and huge("/dev/shm/x")  # always, within_size
+    assert not huge("/srv/advised/x") and not huge("/x") and not area.huge_pages(None)
+
+
 def test_this_machines_mountinfo_is_read(tmp_path: Path) -> None:
     found = area.read(str(tmp_path))
     assert found is not None and str(tmp_path.resolve()).startswith(found.mount.rstrip("/"))
@@ -68,5 +76,33 @@ def test_the_start_says_when_the_dump_area_is_in_small_pages(
     assert r.returncode == 0, r.stderr[-3000:]
     runkit.assert_complete(out, valid, malformed)
     assert f"dump area {dumps}: a tmpfs in 4 KiB pages" in r.stderr
+    assert "a dump's pages spliced into the write" in r.stderr
     r = runkit.run(tiny_model_dir, data, tmp_path / "out2")  # its dumps beside the output
     assert r.returncode == 0 and "a tmpfs in 4 KiB pages" not in r.stderr
+    assert "a dump's pages spliced into the write" in r.stderr  # a disk's page cache: too
+
+
+def test_a_dump_area_in_2_mib_pages_is_written_from_the_mapping(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """On a tmpfs mounted huge=within_size (mounted here where root may) the commit writes
+    each dump from its mapping, says so, and says nothing about the pages."""
+    import os
+    import subprocess
+
+    mnt = tmp_path / "huge"
+    mnt.mkdir()
+    cmd = ["mount", "-t", "tmpfs", "-o", "size=256m,huge=within_size", "tmpfs", str(mnt)]
+    if os.geteuid() != 0 or subprocess.run(cmd, capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        data = tmp_path / "data.jsonl"
+        valid, malformed = runkit.dataset(data, 4)
+        r = runkit.run(tiny_model_dir, data, tmp_path / "out", "--dump-dir", str(mnt / "d"))
+    finally:
+        if subprocess.run(["umount", str(mnt)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    runkit.assert_complete(tmp_path / "out", valid, malformed)
+    assert "a dump's pages written from its mapping (2 MiB pages)" in r.stderr
+    assert "a tmpfs in 4 KiB pages" not in r.stderr

@@ -18,7 +18,7 @@ from eagle3d.dumps.format import BadDump, ContractBroken, DumpVanished, read_dum
 from eagle3d.remote import samplefile, storedtype
 from eagle3d.remote.dumpfile import TRAILER, write_dump
 from eagle3d.store import splice
-from eagle3d.store.committer import Committed, Committer
+from eagle3d.store.committer import CommitError, Committed, Committer
 from eagle3d.store.crc import file_checksum
 
 H = 32
@@ -34,8 +34,10 @@ def _states(t: int, dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, 
     )
 
 
-def _commit(out: Path, path: str, t: int, store: Any, mask: list[int] | None = None) -> Any:
-    c = Committer(str(out), store=store)
+def _commit(
+    out: Path, path: str, t: int, store: Any, mask: list[int] | None = None, spliced: bool = True
+) -> Any:
+    c = Committer(str(out), store=store, splice_pages=spliced)
     mask = [k % 2 for k in range(t)] if mask is None else mask
     (r,) = c.commit_files([(0, list(range(t)), mask, path)], H, LAYERS)
     return r
@@ -51,11 +53,14 @@ def _no_cpu_pass(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(splice, name, refuse)
 
 
+@pytest.mark.parametrize("pages", ["spliced", "mapped"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("t", [1, 37, 3000])
 def test_a_v2_dump_commits_the_file_a_v1_dump_gives_without_reading_its_states(
-    dtype: torch.dtype, t: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    dtype: torch.dtype, t: int, pages: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Its pages spliced into the write (4 KiB pages) or written from its mapping (2 MiB
+    pages): the same file."""
     aux, hid = _states(t, dtype)
     store = storedtype.FORMATS[str(dtype).removeprefix("torch.")]
     v1 = write_dump(str(tmp_path), "a", torch.arange(t), aux, hid, LAYERS, layout="safetensors")
@@ -65,9 +70,14 @@ def test_a_v2_dump_commits_the_file_a_v1_dump_gives_without_reading_its_states(
     before = splice.SEAM.snapshot()
     with monkeypatch.context() as m:
         _no_cpu_pass(m)
-        r2 = _commit(tmp_path / "two", v2, t, store)
+        r2 = _commit(tmp_path / "two", v2, t, store, spliced=pages == "spliced")
     assert isinstance(r1, Committed) and isinstance(r2, Committed), (r1, r2)
-    assert splice.SEAM.snapshot().get("as_is", 0) - before.get("as_is", 0) == 2
+    after = splice.SEAM.snapshot()
+    assert after.get("as_is", 0) - before.get("as_is", 0) == 2
+    # Spliced: the states' pages moved by splice, all but the blocks shared with a header.
+    states = 4 * t * H * (4 if dtype == torch.float32 else 2)
+    moved = after.get("spliced", 0) - before.get("spliced", 0)
+    assert moved >= states - 6 * 4096 if pages == "spliced" else moved == 0, (moved, states)
     a = (tmp_path / "one" / r1.relpath).read_bytes()
     b = (tmp_path / "two" / r2.relpath).read_bytes()
     # The same bytes but for the random serialization id (its digits, its records' CRCs)
@@ -305,3 +315,61 @@ def test_a_dump_that_cannot_be_mapped_is_read_instead(
     assert isinstance(r, Committed), r
     got = torch.load(tmp_path / "out" / r.relpath, weights_only=True)
     assert torch.equal(got["hidden_state"][0], hid)
+
+
+def test_a_refused_splice_writes_from_the_mapping_for_good(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the filesystems refuse ``splice`` into a direct write (EINVAL), the file is
+    written from the mapping instead, the same bytes, and splice is not tried again."""
+    import errno
+
+    from eagle3d.store import directio
+
+    calls = []
+
+    def refuse(*a: Any, **k: Any) -> int:
+        calls.append(a)
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    path, _aux, hid = _v2(tmp_path, t=3000)
+    monkeypatch.setattr(directio.os, "splice", refuse)
+    c = Committer(str(tmp_path / "out"), store=BF16)
+    for idx in (0, 1):
+        (r,) = c.commit_files([(idx, list(range(3000)), [1] * 3000, path)], H, LAYERS)
+        assert isinstance(r, Committed), r
+        got = torch.load(tmp_path / "out" / r.relpath, weights_only=True)
+        assert torch.equal(got["hidden_state"][0], hid)
+        assert file_checksum(str(tmp_path / "out" / r.relpath))[1] == r.checksum
+    assert len(calls) == 1 and not c.splice_pages
+
+
+def test_a_dump_cut_under_the_splice_is_retried_not_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dump that ends early under the splice (cut after its checks) is an I/O error: the
+    sample is sent again (CommitError, never a failed sample), nothing is left behind,
+    and the next commit on the same thread gets a clean pipe."""
+    from eagle3d.store import directio
+
+    path, _aux, hid = _v2(tmp_path, t=3000)
+    real = directio.os.splice
+    moved = []
+
+    def short(src: int, dst: int, count: int, **k: Any) -> int:
+        if "offset_src" in k and moved:  # the second read finds the end of the file
+            return 0
+        n = real(src, dst, count, **k)
+        moved.append(n)
+        return n
+
+    c = Committer(str(tmp_path / "out"), store=BF16)
+    with monkeypatch.context() as m:
+        m.setattr(directio.os, "splice", short)
+        (r,) = c.commit_files([(0, list(range(3000)), [1] * 3000, path)], H, LAYERS)
+    assert isinstance(r, CommitError) and "ends at" in str(r), r
+    assert [p for p in (tmp_path / "out").rglob("*") if p.is_file()] == []
+    (r,) = c.commit_files([(0, list(range(3000)), [1] * 3000, path)], H, LAYERS)
+    assert isinstance(r, Committed), r
+    got = torch.load(tmp_path / "out" / r.relpath, weights_only=True)
+    assert torch.equal(got["hidden_state"][0], hid) and c.splice_pages

@@ -1,11 +1,12 @@
 """The dump area's filesystem, as the commit path meets it: tmpfs pages of 4 KiB or 2 MiB.
 
-A commit writes each dump out of the dump area with direct I/O from its mapping (a v1 dump:
-reads it back). On a tmpfs mounted without ``huge=`` (as ``/dev/shm`` usually is) the kernel
-pins (or copies) it one 4 KiB page at a time; on one mounted with ``huge=within_size`` (or
-``always``) files are kept in 2 MiB pages and the commit threads spend about half the CPU
-(``bench/commit_cpu.py --dump-area``, docs/benchmarks.md). The daemon
-says so at start when it could gain from it (docs/operations.md has the mount).
+A commit writes each dump out of the dump area with direct I/O (a v1 dump: reads it back).
+On a tmpfs mounted without ``huge=`` (as ``/dev/shm`` usually is) the kernel hands it over
+one 4 KiB page at a time: the commit splices the pages into the write (cheaper than mapping
+and pinning each one); on one mounted with ``huge=within_size`` (or ``always``) files are
+kept in 2 MiB pages, the commit writes from a mapping of them and its threads spend about
+half the CPU (``bench/commit_cpu.py --dump-area``, docs/benchmarks.md). The daemon says so
+at start when it could gain from it (docs/operations.md has the mount).
 """
 
 from __future__ import annotations
@@ -54,10 +55,22 @@ def read(path: str, mountinfo: str = MOUNTINFO) -> Area | None:
     return area_of(os.path.realpath(path), text)
 
 
+def huge_pages(area: Area | None) -> bool:
+    """Whether the area is a tmpfs that keeps its files in 2 MiB pages, which a direct
+    write pins from a mapping at little cost; elsewhere the commit splices a dump's pages
+    (:func:`eagle3d.store.directio.write_spliced`) instead of mapping them one by one."""
+    return area is not None and area.fstype == "tmpfs" and area.huge in HUGE
+
+
+#: tmpfs' ``huge=`` options that keep a file's pages in 2 MiB folios (``advise``: only for
+#: mappings that ask, and a dump is written, not mapped, by its producer).
+HUGE = ("always", "within_size")
+
+
 def advice(path: str, area: Area | None) -> str:
     """What to tell the user about the dump area ``path`` on ``area``: '' unless it is a
     tmpfs kept in 4 KiB pages."""
-    if area is None or area.fstype != "tmpfs" or area.huge not in ("never", "advise"):
+    if area is None or area.fstype != "tmpfs" or huge_pages(area):
         return ""
     return (
         f"dump area {path}: a tmpfs in 4 KiB pages ({area.mount}, huge={area.huge}); on a "

@@ -25,6 +25,7 @@ from eagle3d.core import outcome as oc
 from eagle3d.core.ledger import Ledger, Rules
 from eagle3d.core.resume import ResumeFold
 from eagle3d.core.sample import PENDING, CommitJob
+from eagle3d.dumps import area
 from eagle3d.ingest.feeder import Feeder
 from eagle3d.produce.base import Producer
 from eagle3d.remote import storedtype
@@ -174,8 +175,11 @@ def assemble(
     from eagle3d.dumps.watcher import DumpWatcher
 
     facts, rec = opened.facts, opened.recorder
-    committer = _committer(cfg, opened, where)
-    _say_dump_area(where.dump_dir)
+    dump_area = area.read(where.dump_dir)
+    committer = _committer(cfg, opened, where, dump_area)
+    hint = area.advice(where.dump_dir, dump_area)
+    if hint:  # where a mount option would halve what its pages cost the commits
+        log.info(hint)
     reaper = Reaper(limit_for(where.dump_dir))
     stack.callback(reaper.close)
 
@@ -216,25 +220,20 @@ def assemble(
     for path in watcher.scan() + watcher.stale_temp_files():
         outlets.orphans.remove(path, "left by an earlier run")
     log.info(
-        "committing to %s with %d threads (%s)",
+        "committing to %s with %d threads (%s); a dump's pages %s",
         where.output,
         threads,
         "as set" if cfg.commit_threads else "one per CPU, 2 to 8: each waits on its syncs",
+        "written from its mapping (2 MiB pages)"
+        if area.huge_pages(dump_area)
+        else "spliced into the write",
     )
     return Assembled(Pipeline(ledger, outlets, work), work, ticker)
 
 
-def _say_dump_area(dump_dir: str) -> None:
-    """Log what the dump area's pages cost the commits, where a mount option would halve
-    their reads (:mod:`eagle3d.dumps.area`)."""
-    from eagle3d.dumps import area
-
-    hint = area.advice(dump_dir, area.read(dump_dir))
-    if hint:
-        log.info(hint)
-
-
-def _committer(cfg: config.JobConfig, opened: Opened, where: Where) -> Committer:
+def _committer(
+    cfg: config.JobConfig, opened: Opened, where: Where, dump_area: area.Area | None
+) -> Committer:
     from eagle3d.store.committer import Committer
 
     # EAGLE3D_SPLICE=0 takes the splice fast path out: for its A/B (docs/benchmarks.md).
@@ -247,6 +246,7 @@ def _committer(cfg: config.JobConfig, opened: Opened, where: Where) -> Committer
         splice=splice,
         staging=paths.staging_dir(where.output, where.shard),
         rows=opened.identity.rows,
+        splice_pages=not area.huge_pages(dump_area),
     )
     committer.warm_up()
     removed = committer.clean_temp_files()  # the staging folder only: no row folder is listed

@@ -42,7 +42,7 @@ from eagle3d.remote import faults, samplefile, storedtype
 from eagle3d.remote.storedtype import StoreFormat
 from eagle3d.store import archive as ckpt
 from eagle3d.store import fp8, splice
-from eagle3d.store.directio import DirectBuffer, flush_direct
+from eagle3d.store.directio import DirectBuffer, SplicePipe, flush_direct, write_spliced
 from eagle3d.store.reference import ChecksumWriter, save
 from eagle3d.store.rowdirs import RowDirs
 from eagle3d.store.validate import validate
@@ -89,10 +89,13 @@ class Committer:
         splice: bool = True,
         rows: RowDirs | None = None,
         staging: str = "",
+        splice_pages: bool = True,
     ) -> None:
         """``staging``: the folder temp files are written in (default
         ``OUTPUT/.eagle3d/staging/shard-0-of-1``); ``writer``: ``archive`` (own writer, direct I/O, the ``splice`` fast path from dump
-        files; ``splice=False`` for its A/B) or ``torch`` (``torch.save``, the reference)."""
+        files; ``splice=False`` for its A/B) or ``torch`` (``torch.save``, the reference);
+        ``splice_pages``: move a v2 dump's pages into its direct write by ``splice`` (False:
+        write from its mapping, cheaper where the dump area keeps 2 MiB pages)."""
         if writer not in WRITERS:
             raise ValueError(f"writer must be one of {', '.join(WRITERS)}, not {writer!r}")
         self.writer = writer
@@ -109,6 +112,9 @@ class Committer:
         # Samples are written with O_DIRECT where the filesystem allows it (see
         # write_direct); the first refusal switches to buffered writes for good.
         self.direct = direct
+        # A v2 dump's unchanged pages are spliced into its direct write (see _spliced);
+        # the first refusal writes from the mapping for good.
+        self.splice_pages = splice_pages
         self._local = threading.local()
         self._lock = threading.Lock()
         self._n = itertools.count()
@@ -286,7 +292,8 @@ class Committer:
         size = staged.written.nbytes
 
         def write(fd: int, direct: bool) -> tuple[int, str]:
-            self._flush(fd, staged.view, size, direct)
+            if not (direct and self._spliced(fd, staged, size)):
+                self._flush(fd, staged.view, size, direct)
             return size, f"crc32:{staged.written.crc:08x}"
 
         try:
@@ -324,6 +331,31 @@ class Committer:
         if buf is None:
             buf = self._local.buf = DirectBuffer()
         return buf
+
+    def _spliced(self, fd: int, staged: splice.Staged, size: int) -> bool:
+        """Write a mapped v2 dump to ``fd`` (direct I/O) by moving its unchanged pages with
+        ``splice`` (:func:`write_spliced`): the mapping's pages are never faulted in,
+        pinned or unmapped. False where that is refused (the caller writes from the
+        mapping; the refusal is remembered and said once)."""
+        if staged.source < 0 or not self.splice_pages:
+            return False
+        pipe = getattr(self._local, "pipe", None)
+        try:
+            if pipe is None:
+                pipe = self._local.pipe = SplicePipe()
+            splice.SEAM.add(
+                "spliced", write_spliced(fd, staged.view, staged.source, staged.copied, size, pipe)
+            )
+        except OSError as e:
+            if pipe is not None:  # it may hold bytes of this file
+                pipe.close()
+                self._local.pipe = None
+            if e.errno != errno.EINVAL:
+                raise
+            self.splice_pages = False
+            log.info("splice refused under %s (%s): writes from the mapping", self.output, e)
+            return False
+        return True
 
     def _flush(self, fd: int, view: memoryview, size: int, direct: bool) -> None:
         try:

@@ -1,9 +1,12 @@
 """Direct I/O for committed files: a reused page-aligned buffer written as whole blocks through
-an ``O_DIRECT`` descriptor, then cut back to the file's size."""
+an ``O_DIRECT`` descriptor, then cut back to the file's size; or a file's pages moved into
+another by ``splice`` through a pipe, never passing through this process."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import mmap
 import os
 from typing import Any
@@ -65,3 +68,78 @@ def flush_direct(fd: int, mv: memoryview, total: int) -> None:
         off += n
     if total < len(mv):  # archives here are padded to whole blocks; other data may not be
         os.ftruncate(fd, total)
+
+
+PIPE_BYTES = 1 << 20  # the most an unprivileged pipe holds (fs.pipe-max-size's default)
+
+
+class SplicePipe:
+    """A pipe that moves a file's pages into another by ``splice`` (one per commit thread,
+    not thread-safe); closed when dropped."""
+
+    def __init__(self) -> None:
+        self.r, self.w = os.pipe2(os.O_CLOEXEC)
+        with contextlib.suppress(OSError):  # a lower fs.pipe-max-size: a smaller pipe
+            fcntl.fcntl(self.w, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+        self.size = fcntl.fcntl(self.w, fcntl.F_GETPIPE_SZ)
+
+    def close(self) -> None:
+        """Close both ends (at once)."""
+        for fd in (self.r, self.w):
+            if fd >= 0:
+                os.close(fd)
+        self.r = self.w = -1
+
+    def __del__(self) -> None:
+        self.close()
+
+
+def write_spliced(
+    fd: int,
+    view: memoryview,
+    source: int,
+    copied: tuple[tuple[int, int], ...],
+    total: int,
+    pipe: SplicePipe,
+) -> int:
+    """Write the first ``total`` bytes of a file laid out as ``source`` is: the ranges in
+    ``copied`` (sorted, disjoint, on block boundaries) from ``view``, everything else moved
+    from the same offsets of ``source`` by ``splice`` — the kernel hands the source's
+    page-cache pages to the write (``O_DIRECT``: to the device) without copying them, and
+    without this process mapping, faulting or pinning them. Returns the bytes spliced.
+
+    Raises OSError as a call fails: EINVAL where the filesystems refuse (the caller writes
+    from ``view`` instead), EIO for a source shorter than ``total``. The pipe is left
+    holding bytes after a failure: drop it."""
+    pos = spliced = 0
+    for begin, end in (*copied, (total, total)):
+        if pos < begin:
+            _splice_range(source, fd, pos, begin, pipe)
+            spliced += begin - pos
+        if begin < end:
+            _pwrite_all(fd, view[begin:end], begin)
+        pos = end
+    return spliced
+
+
+def _splice_range(source: int, fd: int, begin: int, end: int, pipe: SplicePipe) -> None:
+    off = begin
+    while off < end:
+        n = os.splice(source, pipe.w, min(pipe.size, end - off), offset_src=off)
+        if n <= 0:
+            raise OSError(errno.EIO, f"the dump ends at {off}, before {end}")
+        done = 0
+        while done < n:
+            m = os.splice(pipe.r, fd, n - done, offset_dst=off + done)
+            if m <= 0:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            done += m
+        off += n
+
+
+def _pwrite_all(fd: int, data: memoryview, off: int) -> None:
+    while len(data):
+        n = os.pwrite(fd, data, off)
+        if n <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        data, off = data[n:], off + n

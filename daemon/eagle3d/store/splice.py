@@ -36,6 +36,7 @@ and words the error. The fast path never has to describe a bad dump.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import mmap
 import os
@@ -59,7 +60,7 @@ from eagle3d.remote.samplefile import fp8_spec, states_spec
 from eagle3d.remote.storedtype import SCALE_SUFFIX, StoreFormat
 from eagle3d.store import fp8
 from eagle3d.store.crc import crc32
-from eagle3d.store.directio import DirectBuffer
+from eagle3d.store.directio import BLOCK, DirectBuffer
 
 # safetensors dtype -> torch dtype name, for the states (the ids are I64).
 _STATES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
@@ -100,9 +101,17 @@ class Staged:
     written: ckpt.Written
     #: The private mapping of a v2 dump the view lies in (None: the commit thread's buffer).
     mapping: mmap.mmap | None = None
+    #: The v2 dump's descriptor (-1: none): the file is ``copied`` from the view and the
+    #: rest spliced from here (:func:`eagle3d.store.directio.write_spliced`).
+    source: int = -1
+    #: The block-aligned ranges of the view that differ from the dump (its headers, mask).
+    copied: tuple[tuple[int, int], ...] = ()
 
     def close(self) -> None:
-        """Unmap a v2 dump's mapping (at once, not when the last view is collected)."""
+        """Unmap a v2 dump's mapping (at once, not when the last view is collected) and
+        close its descriptor."""
+        if self.source >= 0:
+            os.close(self.source)
         if self.mapping is not None:
             self.view.release()
             with contextlib.suppress(BufferError):  # a view still held: unmapped when freed
@@ -243,10 +252,35 @@ def _stage_mapped(
         ckpt.fill(plan, view)
         view[mask_at : mask_at + n_mask] = memoryview(array("q", loss_mask)).cast("B")
         SEAM.add("as_is", 2)
-        return Staged(view, ckpt.seal(plan, view, known), m)
+        written = ckpt.seal(plan, view, known)
+        copied = _changed_blocks(plan)
+        if copied is None:  # not in whole blocks: written from the mapping
+            return Staged(view, written, m)
+        return Staged(view, written, m, os.dup(fd), copied)
     except BaseException:
         staged.close()
         raise
+
+
+@functools.lru_cache(maxsize=256)
+def _changed_blocks(plan: ckpt.Plan) -> tuple[tuple[int, int], ...] | None:
+    """The block-aligned ranges of a v2 dump that its commit changes (the headers, records
+    and directory :func:`ckpt.fill` and :func:`ckpt.seal` write, and the loss mask's slot),
+    merged; None for an archive that does not end on a block boundary."""
+    if plan.total % BLOCK:
+        return None
+    _ids, (mask_at, n_mask), *_ = plan.slots
+    spans = sorted(
+        [(off, off + len(data)) for off, data in plan.gaps] + [(mask_at, mask_at + n_mask)]
+    )
+    out: list[tuple[int, int]] = []
+    for begin, end in spans:
+        b, e = begin // BLOCK * BLOCK, min(plan.total, -(-end // BLOCK) * BLOCK)
+        if out and b <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], e))
+        else:
+            out.append((b, e))
+    return tuple(out)
 
 
 def _same_layout(plan: ckpt.Plan, view: memoryview) -> bool:
