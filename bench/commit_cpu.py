@@ -21,7 +21,9 @@ per byte is multiplied by ~1 GB/s per GPU (issue #32). This measures that cost a
   bytes from a file in the dump area (tmpfs) to that disk: the bytes' own way, where the
   read from tmpfs is the kernel's copy out of 4 KiB page-cache pages, not one memcpy.
 
-``--layouts sample,safetensors`` runs each format with the synthetic producer's dumps in
+``--pages spliced,mapped`` runs each with a v2 dump's pages spliced into the write or
+written from its mapping (``EAGLE3D_SPLICE_PAGES``; default: the daemon's choice by the
+dump area's pages). ``--layouts sample,safetensors`` runs each format with the synthetic producer's dumps in
 each layout (``EAGLE3D_SYNTHETIC_LAYOUT``): the sample file's (v2, the default: the commit
 maps the dump and writes it out from the mapping) and safetensors' (v1: the commit reads
 the states into its buffer, checks and checksums them there). For v1 the synthetic
@@ -304,6 +306,11 @@ def main() -> int:
         default="sample",
         help="the dumps' layouts, comma-separated: sample (v2), safetensors (v1)",
     )
+    p.add_argument(
+        "--pages",
+        default="auto",
+        help="a v2 dump's pages, comma-separated: auto (the daemon's choice), spliced, mapped",
+    )
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--strace", action="store_true")
     p.add_argument("--py-spy", action="store_true")
@@ -320,8 +327,14 @@ def main() -> int:
         one = dataset(base / "one.jsonl", 1, 1, a.tokens)  # the first row of data.jsonl
         two = dataset(base / "two.jsonl", 2, a.convs, a.tokens)  # its first two rows
         for r in range(a.rounds):
-            for fmt, layout in itertools.product(a.formats.split(","), a.layouts.split(",")):
-                key = fmt if a.layouts == "sample" else f"{fmt}, {layout}"
+            for fmt, layout, pages in itertools.product(
+                a.formats.split(","), a.layouts.split(","), a.pages.split(",")
+            ):
+                key = ", ".join(
+                    [fmt]
+                    + ([layout] if a.layouts != "sample" else [])
+                    + ([pages] if a.pages != "auto" else [])
+                )
 
                 def run(
                     wrap: list[str] | None = None,
@@ -329,9 +342,12 @@ def main() -> int:
                     fmt: str = fmt,
                     fresh: bool = True,
                     layout: str = layout,
+                    pages: str = pages,
                 ) -> dict[str, Any]:
                     out = base / "out"
                     env = {**ENV, "EAGLE3D_SYNTHETIC_LAYOUT": layout}
+                    if pages != "auto":
+                        env["EAGLE3D_SPLICE_PAGES"] = "1" if pages == "spliced" else "0"
                     return run_daemon(
                         model, d, out, shm, fmt, a.threads, wrap, fresh=fresh, env=env
                     )

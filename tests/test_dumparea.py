@@ -104,5 +104,5 @@ def test_a_dump_area_in_2_mib_pages_is_written_from_the_mapping(
             subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
     assert r.returncode == 0, r.stderr[-3000:]
     runkit.assert_complete(tmp_path / "out", valid, malformed)
-    assert "a dump's pages written from its mapping (2 MiB pages)" in r.stderr
+    assert "a dump's pages written from its mapping" in r.stderr
     assert "a tmpfs in 4 KiB pages" not in r.stderr

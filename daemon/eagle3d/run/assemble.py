@@ -224,9 +224,7 @@ def assemble(
         where.output,
         threads,
         "as set" if cfg.commit_threads else "one per CPU, 2 to 8: each waits on its syncs",
-        "written from its mapping (2 MiB pages)"
-        if area.huge_pages(dump_area)
-        else "spliced into the write",
+        "spliced into the write" if committer.splice_pages else "written from its mapping",
     )
     return Assembled(Pipeline(ledger, outlets, work), work, ticker)
 
@@ -246,7 +244,9 @@ def _committer(
         splice=splice,
         staging=paths.staging_dir(where.output, where.shard),
         rows=opened.identity.rows,
-        splice_pages=not area.huge_pages(dump_area),
+        # EAGLE3D_SPLICE_PAGES=0 writes from the mapping in any area: for its A/B.
+        splice_pages=not area.huge_pages(dump_area)
+        and os.environ.get("EAGLE3D_SPLICE_PAGES", "1") != "0",
     )
     committer.warm_up()
     removed = committer.clean_temp_files()  # the staging folder only: no row folder is listed
