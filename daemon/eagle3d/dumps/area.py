@@ -4,8 +4,8 @@ A commit writes each dump out of the dump area with direct I/O (a v1 dump: reads
 On a tmpfs mounted without ``huge=`` (as ``/dev/shm`` usually is) the kernel hands it over
 one 4 KiB page at a time: the commit splices the pages into the write (cheaper than mapping
 and pinning each one); on one mounted with ``huge=within_size`` (or ``always``) files are
-kept in 2 MiB pages, the commit writes from a mapping of them and its threads spend about
-half the CPU (``bench/commit_cpu.py --dump-area``, docs/benchmarks.md). The daemon says so
+kept in 2 MiB pages, the commit writes from a mapping of them and its threads spend about a
+third less CPU (``bench/commit_calls.py --pages``, docs/benchmarks.md). The daemon says so
 at start when it could gain from it (docs/operations.md has the mount).
 """
 
@@ -75,7 +75,7 @@ def advice(path: str, area: Area | None) -> str:
     return (
         f"dump area {path}: a tmpfs in 4 KiB pages ({area.mount}, huge={area.huge}); on a "
         "tmpfs mounted with huge=within_size the commit threads move each dump with "
-        "about half the CPU (docs/operations.md, 'The dump area')"
+        "a third less CPU (docs/operations.md, 'The dump area's pages')"
     )
 
 
