@@ -6,21 +6,26 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from eagle3d.store import pace
 from runkit import ENV, conversations, write_jsonl
 
 
-def test_the_rate_is_the_cores_the_threads_can_use_over_the_cost_per_byte() -> None:
-    p = pace.estimate(cpus=16, threads=8, bytes_per_token=32_000)
-    assert p.bytes_per_s == 8 * 1e9 / pace.CPU_S_PER_GB_AS_IS  # 8 threads: 8 cores at most
+def test_the_rate_is_the_cores_the_threads_can_use_over_the_cost_per_file_and_byte() -> None:
+    mb = 6_700_000  # a 400-token h2048 bf16 sample
+    per_sample = pace.CPU_S_PER_FILE + pace.CPU_S_PER_GB * mb / 1e9
+    p = pace.estimate(cpus=16, threads=8, bytes_per_token=32_000, bytes_per_sample=mb)
+    assert p.bytes_per_s == pytest.approx(8 * mb / per_sample)  # 8 threads: 8 cores at most
     assert p.tokens_per_s == p.bytes_per_s / 32_000
-    few = pace.estimate(cpus=2, threads=8, bytes_per_token=32_000)
-    assert few.bytes_per_s == 2 * 1e9 / pace.CPU_S_PER_GB_AS_IS  # 2 cores: 2 at most
-    fp8 = pace.estimate(cpus=16, threads=8, bytes_per_token=16_000, fp8=True)
-    assert fp8.cpu_s_per_gb == pace.CPU_S_PER_GB_AS_IS_FP8
-    slow = pace.estimate(cpus=16, threads=8, bytes_per_token=16_000, quantized_by_commit=True)
-    assert slow.bytes_per_s == 8 * 1e9 / pace.CPU_S_PER_GB_QUANTIZED < fp8.bytes_per_s
+    few = pace.estimate(cpus=2, threads=8, bytes_per_token=32_000, bytes_per_sample=mb)
+    assert few.bytes_per_s == pytest.approx(2 * mb / per_sample)  # 2 cores: 2 at most
+    # Half the bytes per file (fp8) is not half the cost: the per-file part stays.
+    half = pace.estimate(cpus=16, threads=8, bytes_per_token=16_000, bytes_per_sample=mb / 2)
+    assert p.cpu_s_per_gb < half.cpu_s_per_gb and half.bytes_per_s > p.bytes_per_s / 2
+    big = pace.estimate(cpus=16, threads=8, bytes_per_token=16_000, bytes_per_sample=100 * mb)
+    assert big.cpu_s_per_gb == pytest.approx(pace.CPU_S_PER_GB, rel=0.03)  # per byte at last
     assert "8 thread(s) on 16 CPU(s)" in p.describe() and "GB/s" in p.describe()
+    assert "ms per sample file" in p.describe() and "samples of 6.7 MB" in p.describe()
 
 
 def test_plan_states_the_commit_rate_beside_the_bytes(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -31,3 +36,4 @@ def test_plan_states_the_commit_rate_beside_the_bytes(tiny_model_dir: Path, tmp_
     assert r.returncode == 0, r.stderr[-3000:]
     line = next(x for x in r.stdout.splitlines() if "commits:" in x)
     assert "3 thread(s)" in line and "tokens/s" in line and "CPU-s per GB" in line
+    assert "per sample file" in line and "samples of" in line

@@ -292,13 +292,15 @@ def plan_report(
         problems=problems,
         max_failed_fraction=cfg.max_failed_fraction,
         commit=pace.estimate(
-            _cpus(),
-            cfg.commit_thread_count(_cpus()),
-            per_token,
-            fp8=storedtype.get(facts.job.store_dtype).scaled,
-            quantized_by_commit=cfg.backend == "sglang" and facts.job.store_dtype == "fp8",
+            _cpus(), cfg.commit_thread_count(_cpus()), per_token, _bytes_per_sample(plans)
         ),
     )
+
+
+def _bytes_per_sample(plans: list[ShardPlan]) -> float:
+    """The mean sample file's bytes of what remains (0 when nothing does)."""
+    samples = sum(p.estimate.samples for p in plans)
+    return sum(p.estimate.bytes for p in plans) / samples if samples else 0.0
 
 
 def _cpus() -> int:

@@ -1,30 +1,29 @@
-"""How fast this machine can commit: the commit path's measured CPU per byte, and what a
-machine's cores and commit threads can hold with it (``eagle3d plan``'s commit line, the
-daemon's line about its commit threads). Pure.
+"""How fast this machine can commit: the commit path's measured CPU per sample file and per
+byte, and what a machine's cores and commit threads can hold with it (``eagle3d plan``'s
+commit line). Pure.
 
 On a GPU node the producer makes states faster than on any CPU (an 8B target at ~30k
-tokens/s per GPU is ~1 GB/s of bf16 per GPU), so what the daemon spends per committed byte
-is multiplied by that: at ``c`` CPU-seconds per GB, committing ``R`` GB/s takes ``c * R``
-cores. ``bench/commit_cpu.py`` measures ``c`` against the floor (one memcpy of the bytes
-plus ``dd oflag=direct`` writing them) in the same run; the figures below are its medians
-on this project's reference machine (docs/benchmarks.md, issue #32). A commit thread does
-its CPU work on one core at a time, so ``n`` threads hold at most ``n`` cores' worth.
+tokens/s per GPU is ~1 GB/s of bf16 per GPU), so what the daemon spends per committed file
+and byte is multiplied by that. ``bench/commit_cpu.py`` measures the daemon's CPU against
+the floor (one memcpy of the bytes plus ``dd oflag=direct`` writing them) in the same run;
+at a job's size (3,000 samples of 3.3 and 6.7 MB) its CPU beyond the start is a part per
+sample file, whatever its size (the file's create, sync and rename, the checks, the journal
+record), and a part per byte that is the direct write itself (docs/benchmarks.md, issue
+#32). A commit thread does its CPU work on one core at a time, so ``n`` threads hold at
+most ``n`` cores' worth.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: Daemon CPU-seconds per GB committed, beyond its fixed start (bench/commit_cpu.py, h2048,
-#: 400-800-token samples, a dump area in 4 KiB pages): dumps in the sample file's layout,
-#: written out from the mapped dump (the HF workers', the SGLang hook's), bfloat16 0.48-0.57
-#: and fp8 0.62-0.68 (half the bytes per sample for the same per-sample work; the safetensors
-#: layout's read, check and checksum took 0.80 and 0.89 in the same runs); and bfloat16
-#: dumps quantized to fp8 by the commit (2.85). A dump area in 2 MiB pages takes 0.29-0.37
-#: for bfloat16.
-CPU_S_PER_GB_AS_IS = 0.5
-CPU_S_PER_GB_AS_IS_FP8 = 0.65
-CPU_S_PER_GB_QUANTIZED = 2.9
+#: Daemon CPU-seconds per sample file committed (every thread: the commit's calls, the main
+#: loop's ledger and journal, the dump watchers; h2048, 400-token bf16 and fp8 samples in the
+#: sample file's layout: 1.1-1.5 ms, fp8's as bf16's in 2 MiB pages).
+CPU_S_PER_FILE = 1.3e-3
+#: ... and per GB (a dump area in 4 KiB pages: the pages moved into the direct write,
+#: 0.10-0.13; in 2 MiB pages it is within the per-file part's noise).
+CPU_S_PER_GB = 0.12
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +32,8 @@ class CommitPace:
 
     cpus: int
     threads: int
-    cpu_s_per_gb: float
+    bytes_per_sample: float
+    cpu_s_per_gb: float  # at these samples' size: the per-file part spread over their bytes
     bytes_per_s: float  # the commit rate the cores can hold (CPU only; the disk is apart)
     tokens_per_s: float  # the same at the job's bytes per token
 
@@ -41,24 +41,20 @@ class CommitPace:
         return (
             f"commits: {self.threads} thread(s) on {self.cpus} CPU(s) hold about "
             f"{self.bytes_per_s / 1e9:.1f} GB/s ({self.tokens_per_s:,.0f} tokens/s) of CPU "
-            f"at {self.cpu_s_per_gb:.2f} CPU-s per GB committed; the disk's own rate is apart"
+            f"at {self.cpu_s_per_gb:.2f} CPU-s per GB committed ({CPU_S_PER_FILE * 1e3:.1f} ms "
+            f"per sample file + {CPU_S_PER_GB:.2f} CPU-s per GB, samples of "
+            f"{self.bytes_per_sample / 1e6:,.1f} MB); the disk's own rate is apart"
         )
 
 
 def estimate(
-    cpus: int,
-    threads: int,
-    bytes_per_token: float,
-    fp8: bool = False,
-    quantized_by_commit: bool = False,
+    cpus: int, threads: int, bytes_per_token: float, bytes_per_sample: float
 ) -> CommitPace:
     """The commit rate ``threads`` threads on ``cpus`` cores hold for a job of
-    ``bytes_per_token`` (``fp8``: in the fp8 format; ``quantized_by_commit``: its dumps are
-    bfloat16, quantized by the commit)."""
-    if quantized_by_commit:
-        cost = CPU_S_PER_GB_QUANTIZED
-    else:
-        cost = CPU_S_PER_GB_AS_IS_FP8 if fp8 else CPU_S_PER_GB_AS_IS
+    ``bytes_per_token`` and ``bytes_per_sample`` (its mean sample file)."""
+    per_sample = max(bytes_per_sample, 1.0)
+    cost = (CPU_S_PER_FILE + CPU_S_PER_GB * per_sample / 1e9) / per_sample * 1e9
     cores = max(1, min(cpus, threads))
     rate = cores * 1e9 / cost
-    return CommitPace(cpus, threads, cost, rate, rate / bytes_per_token if bytes_per_token else 0.0)
+    tokens = rate / bytes_per_token if bytes_per_token else 0.0
+    return CommitPace(cpus, threads, bytes_per_sample, cost, rate, tokens)
