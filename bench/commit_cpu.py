@@ -34,8 +34,9 @@ It prints, per storage format (and layout), the daemon's CPU over the floor's wi
 and without (the whole run less the one-sample run), and the CPU by thread (the kernel's
 per-thread counters, read until the threads end: commit threads, reaper, journal flush,
 loop, feeder). ``--strace`` runs the daemon once more under ``strace -f -c`` for its syscall
-counts (slower: not part of the ratio); ``--py-spy`` records a flame table of the commit
-threads with py-spy where it is installed.
+counts (slower: not part of the ratio); ``--py-spy`` records where the daemon's threads
+spend their Python (py-spy ``--gil``: the thread holding the GIL) in one more resume, where
+py-spy is installed.
 
     flock /tmp/eagle3d-bench.lock .venv/bin/python bench/commit_cpu.py [--formats bfloat16,fp8]
 
@@ -406,7 +407,9 @@ def main() -> int:
                     row["strace"] = strace_counts(run, base)
                 if a.py_spy and shutil.which("py-spy"):
                     svg = base / f"py-spy-{fmt}.txt"
-                    run(["py-spy", "record", "--raw", "-t", "-r", "200", "-o", str(svg), "--"])
+                    spy = ["py-spy", "record", "--format", "raw", "--gil", "-t", "-r", "500"]
+                    run(d=one)  # as measured: a resume after a one-row first run
+                    run([*spy, "-o", str(svg), "--"], fresh=False)
                     row["py_spy"] = top_frames(svg)
                 results.setdefault(key, []).append(row)
                 report(key, r + 1, row)
@@ -420,15 +423,16 @@ def main() -> int:
 
 
 def top_frames(path: Path, n: int = 25) -> str:
-    """py-spy's collapsed stacks (``--raw``), the functions with the most self samples in the
-    commit threads."""
+    """py-spy's collapsed stacks (``--format raw``), the functions with the most self samples,
+    each with its thread."""
     self_samples: dict[str, int] = {}
     total = 0
     for line in path.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
-        if not stack or "commit" not in stack.split(";")[0]:
+        if not stack:
             continue
-        leaf = stack.split(";")[-1]
+        frames = stack.split(";")
+        leaf = f"[{frames[0].split(' ')[0][:16]}] {frames[-1]}"
         self_samples[leaf] = self_samples.get(leaf, 0) + int(count)
         total += int(count)
     top = sorted(self_samples.items(), key=lambda kv: -kv[1])[:n]
