@@ -267,15 +267,30 @@ def test_the_synthetic_producers_dumps_without_torch_are_its_dumps_with_torch(
 
 
 def test_the_workers_device_side_finite_check_skips_the_padding() -> None:
-    """:func:`finite_rows` (run on the GPU before the copy to the host): a NaN in a
-    sample's real tokens makes its row False; one in the padding (never stored) does not."""
+    """:func:`finite_rows` over :func:`storedtype.to_stored_checked` (run on the GPU before
+    the copy to the host): a NaN in a sample's real tokens makes its row False; one in the
+    padding (never stored) does not."""
     from eagle3d.remote.hf_worker import finite_rows
 
     final, aux = torch.zeros(3, 5, 4), torch.zeros(3, 5, 12)
     mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 0, 0, 0]])
     final[1, 4, 0] = float("nan")  # padding
     aux[2, 1, 3] = float("inf")  # a real token
-    assert finite_rows(final, aux, mask).tolist() == [True, True, False]
+    for fmt in (None, BF16, storedtype.FORMATS["fp8"]):
+        (_, _, ok_f), (_, _, ok_a) = (storedtype.to_stored_checked(x, fmt) for x in (final, aux))
+        assert finite_rows(ok_f & ok_a, mask).tolist() == [True, True, False], fmt
+
+
+def test_the_device_side_check_sees_what_is_stored_a_float16_overflow_too() -> None:
+    """A float32 state beyond float16's range is finite as computed and infinite as
+    stored: the check is on what is stored, so its row is not finite. fp8's scaled values
+    cannot overflow: its rows stay finite."""
+    x = torch.ones(2, 3, 8)
+    x[0, 1, 5] = 1e6  # beyond float16's 65504
+    values, _, ok = storedtype.to_stored_checked(x, storedtype.FORMATS["float16"])
+    assert bool(torch.isinf(values).any()) and ok.tolist() == [[True, False, True], [True] * 3]
+    _, scales, ok8 = storedtype.to_stored_checked(x, storedtype.FORMATS["fp8"])
+    assert scales is not None and bool(ok8.all())
 
 
 def test_a_dump_the_producer_says_is_not_finite_is_checked_by_the_general_path(

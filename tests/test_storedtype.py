@@ -350,13 +350,16 @@ def test_verify_checks_each_sample_against_its_sessions_dtype(
 # -- the SGLang hook casts on the device, when its config says so ------------------------------
 
 
-def _hooked_dumps(model_dir: Path, dumps: Path, store_dtype: str | None) -> Dump:
+def _hooked_dumps(
+    model_dir: Path, dumps: Path, store_dtype: str | None, final_norm: float = 1.0
+) -> Dump:
     sys.path.insert(0, os.path.dirname(__file__))
     import sglang_standin as st
     from eagle3d.remote import sglang_hook as sh
     from eagle3d.remote import sglang_rid as sr
 
     model, _ = st.load_standin(str(model_dir))
+    model.model.norm.hf.weight.data *= final_norm  # the last state's scale (an overflow)
     st.register_forward_hooks(model, [sh.hook_spec(str(dumps), None, 4, store_dtype)])
     (cap,) = [
         h for m in model.modules() for h in m._forward_hooks.values() if isinstance(h, sh.Capture)
@@ -410,6 +413,26 @@ def test_the_sglang_hook_quantizes_fp8_on_the_states_device(
     assert splice.SEAM.snapshot().get("as_is", 0) - before == 2  # the mapped way, as it is
     saved = torch.load(tmp_path / "out" / r.relpath, weights_only=True)
     assert torch.equal(saved["hidden_state_scale"][0], q.scales["hidden_state_scale"])
+
+
+def test_the_sglang_hooks_finite_check_sees_a_float16_overflow(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """States finite as computed (float32) but beyond float16's range once cast: the hook
+    checks what it stores, so its dump says not finite and the commit words it instead of
+    saving infinities."""
+    d = _hooked_dumps(tiny_model_dir, tmp_path / "d", "float16", final_norm=1e6)
+    assert bool(torch.isinf(d.hidden_state).any())
+    path = str(tmp_path / "d" / "s1.e3dump")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert not read_trailer(fd).finite
+    finally:
+        os.close(fd)
+    c = Committer(str(tmp_path / "out"), store=storedtype.FORMATS["float16"])
+    ids = d.input_ids.tolist()
+    (r,) = c.commit_files([(0, ids, [1] * len(ids), path)], d.hidden_state.shape[-1], d.layers)
+    assert isinstance(r, BadDump) and str(r) == "hidden_state contains NaN or Inf", r
 
 
 def test_the_hook_refuses_an_unknown_storage_dtype_and_the_launcher_passes_it(

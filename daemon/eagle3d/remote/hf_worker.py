@@ -364,13 +364,14 @@ class Worker:
         aux = torch.cat([self.capture.states[i] for i in self.layers], dim=-1)
         self.capture.states.clear()
         checked = None
-        if final.device.type != "cpu":
-            # Checked where the states are: the dump writer never passes over them for it.
-            checked = self.host.start([finite_rows(final, aux, mask)])
         parts = [final, aux]
-        if self.store is not None and final.device.type != "cpu":
-            # In the stored format on the device: the daemon only moves the bytes.
-            (final, hid_s), (aux, aux_s) = (storedtype.to_stored(x, self.store) for x in parts)
+        if final.device.type != "cpu":
+            # In the stored format on the device (the daemon only moves the bytes), and
+            # checked finite there as stored (the dump writer never passes over them).
+            (final, hid_s, ok_f), (aux, aux_s, ok_a) = (
+                storedtype.to_stored_checked(x, self.store) for x in parts
+            )
+            checked = self.host.start([finite_rows(ok_f & ok_a, mask)])
             parts = [final, aux, *(x for x in (hid_s, aux_s) if x is not None)]
         pending = self.host.start(parts)  # queued behind the forward; the writer waits
         final_cpu, aux_cpu, *scale_cpu = pending.tensors
@@ -445,13 +446,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def finite_rows(final: Any, aux: Any, mask: Any) -> Any:
-    """Per sample of a padded batch (``[B, T, ...]`` states, ``[B, T]`` attention mask), on
-    the states' device: whether its real tokens' states are all finite (the padding's are
-    never stored, so never checked)."""
-    import torch
-
-    ok = torch.isfinite(final).all(-1) & torch.isfinite(aux).all(-1)
+def finite_rows(ok: Any, mask: Any) -> Any:
+    """Per sample of a padded batch (``[B, T]`` per-token finiteness from
+    :func:`eagle3d.remote.storedtype.to_stored_checked`, ``[B, T]`` attention mask), on the
+    states' device: whether its real tokens' states are all finite (the padding's are never
+    stored, so never checked)."""
     return (ok | (mask == 0)).all(-1)
 
 

@@ -182,20 +182,23 @@ class Capture:
             else list(aux.chunk(len(self.captured), dim=-1))
         )
         aux_t = torch.cat([parts[k] for k in self.order], dim=-1)
-        aux_t, hid_t = aux_t[rows], hidden[rows]
-        # Whether each row's states are finite, on the device: the writer then never passes
-        # over the states on the host to check them (a NaN sends the dump the daemon's
-        # checks, which word it).
-        finite = torch.isfinite(aux_t).all(-1) & torch.isfinite(hid_t).all(-1)
-        picked = [fb.input_ids[rows], aux_t, hid_t, finite]
+        from eagle3d.remote.storedtype import to_stored_checked
+
+        hid_t = hidden[rows]
+        # In the stored format where the states are (fewer bytes over PCIe and in the
+        # dump), and checked finite there as stored, so that the writer never passes over
+        # them on the host (a NaN sends the dump the daemon's checks, which word it).
+        (aux_q, aux_s, ok_a), (hid_q, hid_s, ok_h) = (
+            to_stored_checked(x, self.store) for x in (aux_t[rows], hid_t)
+        )
+        scales = [x for x in (aux_s, hid_s) if x is not None]
+        picked = [fb.input_ids[rows], aux_q, hid_q, ok_a & ok_h, *scales]
         # Which of them are views of the model's own storage, which it may reuse after the
-        # hook returns: a slice of ids or hidden. Indexing with a tensor, and the cat of the
-        # aux states, made new tensors already (on CPU, a second copy would be wasted).
-        borrowed = [contiguous, False, contiguous, False]
-        if self.store is not None:  # before the copy: fewer bytes over PCIe and in the dump
-            picked[1:3], borrowed[1:3], scales = _stored(aux_t, hid_t, self.store, borrowed[1:3])
-            picked += scales
-            borrowed += [False] * len(scales)
+        # hook returns: a slice of ids or hidden kept as computed. Indexing with a tensor,
+        # the cat of the aux states and a cast made new tensors already (on CPU, a second
+        # copy would be wasted).
+        borrowed = [contiguous, False, contiguous and hid_q is hid_t, False]
+        borrowed += [False] * len(scales)
         cuda = hidden.is_cuda
         host = []
         for t, view in zip(picked, borrowed, strict=True):
@@ -216,20 +219,6 @@ class Capture:
             off += n
         ids, aux_h, hid_h, ok, *scaled = host
         return Batch(segments, ids, aux_h, hid_h, ready, ok, *scaled)
-
-
-def _stored(
-    aux: Any, hid: Any, store: Any, borrowed: list[bool]
-) -> tuple[list[Any], list[bool], list[Any]]:
-    """The states as the job stores them, made on their device ([aux, hid], whether each is
-    still a view of the model's storage, fp8's scales [aux's, hid's] or none): the cast,
-    or fp8's quantization (:func:`eagle3d.remote.storedtype.to_stored`, the bytes the
-    commit's own would make), so that the daemon only moves them."""
-    from eagle3d.remote.storedtype import to_stored
-
-    (qa, sa), (qh, sh) = to_stored(aux, store), to_stored(hid, store)
-    views = [b and q is t for b, q, t in zip(borrowed, (qa, qh), (aux, hid), strict=True)]
-    return [qa, qh], views, ([sa, sh] if sa is not None and sh is not None else [])
 
 
 def make_hook(config: dict[str, Any], *, model: Any = None, ranks: Ranks | None = None) -> Capture:

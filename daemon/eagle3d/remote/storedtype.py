@@ -138,6 +138,22 @@ def to_stored(t: torch.Tensor, fmt: StoreFormat) -> tuple[torch.Tensor, torch.Te
     return quantize(t, 1)
 
 
+def to_stored_checked(
+    t: torch.Tensor, fmt: StoreFormat | None
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """:func:`to_stored` (``fmt`` None: ``t`` as it is) and, per row of ``t`` (its last
+    dimension reduced), whether what is stored is finite, computed where ``t`` lives: the
+    stored values for the unscaled formats (a float16 overflow is not finite), ``t`` itself
+    for fp8, whose scaled values cannot overflow (a NaN or an Inf in a row makes its scale
+    so)."""
+    import torch
+
+    if fmt is None:
+        return t, None, torch.isfinite(t).all(-1)
+    values, scales = to_stored(t, fmt)
+    return values, scales, torch.isfinite(t if fmt.scaled else values).all(-1)
+
+
 def quantize(x: torch.Tensor, groups: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """``x`` (``[..., D]``, any float dtype, any device) as (e4m3 values ``[..., D]``,
     float32 scales ``[..., groups]``): ``s = amax / 448`` per part (1 for an all-zero one),
