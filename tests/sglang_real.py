@@ -127,6 +127,10 @@ class Server:
         self.env = {**base, **CPU_ENV, "EAGLE3D_SGL_KERNEL_TRAP": str(self.trap), **(env or {})}
         self.proc: subprocess.Popen[bytes] | None = None
 
+    def client_args(self) -> list[str]:
+        """``eagle3d run``'s arguments for a job against this server and its dump area."""
+        return ["--backend", "sglang", "--server", self.url, "--dump-dir", str(self.dump_dir)]
+
     def start(self, timeout: float = 240) -> Server:
         with open(self.log, "ab") as logf:
             self.proc = subprocess.Popen(
@@ -191,6 +195,13 @@ class Server:
         pgids = self.main_pids() or [self.proc.pid if self.proc else 0]
         for pgid in pgids[-1:]:
             os.killpg(pgid, signal.SIGSTOP if stopped else signal.SIGCONT)
+
+
+def tiny_model(work: Path, layers: int = 10) -> Path:
+    """The tiny Llama (hidden 64) these tests serve, built in ``work``."""
+    from eagle3d.tools.tinymodel import build_tiny_model
+
+    return Path(build_tiny_model(work / "model", layers=layers, hidden=64))
 
 
 def sglang_args(dump_dir: Path, model: Path) -> list[str]:

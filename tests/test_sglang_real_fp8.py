@@ -41,9 +41,7 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def model10(work: Path) -> Path:
-    from eagle3d.tools.tinymodel import build_tiny_model
-
-    return Path(build_tiny_model(work / "model", layers=10, hidden=64))
+    return sr.tiny_model(work)
 
 
 @pytest.fixture(scope="module")
@@ -103,22 +101,8 @@ def test_an_fp8_extraction_commits_the_servers_fp8_as_it_is(
     valid, bad = sr.write_dataset(data, convs, bad_every=6)
     lines = data.read_text().splitlines()
     out = work / "fp8"
-    r = runkit.run(
-        model10,
-        data,
-        out,
-        "--backend",
-        "sglang",
-        "--server",
-        server.url,
-        "--dump-dir",
-        str(server.dump_dir),
-        "--store-dtype",
-        "fp8",
-        "--concurrency",
-        "6",
-        timeout=300,
-    )
+    extra = ["--store-dtype", "fp8", "--concurrency", "6"]
+    r = runkit.run(model10, data, out, *server.client_args(), *extra, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     runkit.assert_complete(out, valid, bad)
     raw = torch.load(out / paths.sample_relpath(min(valid)), weights_only=True)

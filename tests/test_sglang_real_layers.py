@@ -33,9 +33,7 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def model10(work: Path) -> Path:
-    from eagle3d.tools.tinymodel import build_tiny_model
-
-    return Path(build_tiny_model(work / "model", layers=10, hidden=64))
+    return sr.tiny_model(work)
 
 
 @pytest.fixture(scope="module")
