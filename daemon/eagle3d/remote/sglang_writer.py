@@ -51,9 +51,8 @@ class Batch:
     aux: torch.Tensor  # [n, k*H], host
     hidden: torch.Tensor  # [n, H], host
     ready: Any = None  # a CUDA event to wait on, or None for host tensors
-    finite: torch.Tensor | None = (
-        None  # [n] bool, host: the row's states all finite (None: unknown)
-    )
+    # [n] bool, host: each row's states finite as stored (None: not checked yet)
+    finite: torch.Tensor | None = None
     aux_scale: torch.Tensor | None = None  # [n, 1] float32, host: fp8 states' scales
     hidden_scale: torch.Tensor | None = None
 
@@ -235,15 +234,7 @@ class DumpAssembler:
         if faults.hit("hook_drop") is not None:
             log.warning("eagle3d: EAGLE3D_FAULT hook_drop: the dump of %s is dropped", tag.rid)
             return
-        scales = None
-        if all(r.aux_scale is not None and r.hidden_scale is not None for r in part.parts):
-            scales = (
-                _cat([r.aux_scale for r in part.parts if r.aux_scale is not None]),
-                _cat([r.hidden_scale for r in part.parts if r.hidden_scale is not None]),
-            )
-        finite = None
-        if all(r.finite is not None for r in part.parts):
-            finite = all(bool(r.finite.all()) for r in part.parts if r.finite is not None)
+        scales, finite = _scales(part.parts), _finite(part.parts)
         self.write(self.dump_dir, tag.rid, ids, aux, hid, self.layers, scales, finite=finite)
         self.written += 1
 
@@ -265,6 +256,24 @@ def _rows(batch: Batch, sl: slice) -> _Rows:
         cut(batch.aux_scale),
         cut(batch.hidden_scale),
     )
+
+
+def _scales(parts: list[_Rows]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """fp8's scales of a request's rows, chunk after chunk (None: states not scaled)."""
+    aux = [r.aux_scale for r in parts if r.aux_scale is not None]
+    hid = [r.hidden_scale for r in parts if r.hidden_scale is not None]
+    if len(aux) != len(parts) or len(hid) != len(parts):
+        return None
+    return _cat(aux), _cat(hid)
+
+
+def _finite(parts: list[_Rows]) -> bool | None:
+    """Whether every chunk's rows were checked finite on the device (None: one was not
+    checked: the dump writer checks)."""
+    checks = [r.finite for r in parts if r.finite is not None]
+    if len(checks) != len(parts):
+        return None
+    return all(bool(c.all()) for c in checks)
 
 
 def _cat(ts: list[torch.Tensor]) -> torch.Tensor:
