@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import gc
 import mmap
 import os
@@ -27,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from scratch import scratch
+from scratch import fresh_fs, scratch
 
 ROOT = Path(__file__).resolve().parent.parent
 SYSCALLS = (
@@ -92,6 +93,11 @@ def main() -> int:
         choices=("spliced", "mapped"),
         help="a v2 dump's unchanged pages: spliced into the write, or written from the mapping",
     )
+    p.add_argument(
+        "--fresh-fs",
+        action="store_true",
+        help="the output on a new journaled ext4 in --dir (root; see scratch.fresh_fs)",
+    )
     a = p.parse_args()
     from eagle3d.remote import samplefile
     from eagle3d.store import committer, directio, splice
@@ -107,7 +113,9 @@ def main() -> int:
     splice.read_trailer = _timed(splice.read_trailer, "trailer", acc)
     splice._same_layout = _timed(splice._same_layout, "headers compared", acc)
     splice.Staged.close = _timed(splice.Staged.close, "unmap", acc)  # type: ignore[method-assign]
-    with scratch("bench-commit-calls-", a.dump_area, a.dir) as (shm, out):
+    size = 2 * a.samples * (a.tokens * 8 * a.hidden + (1 << 20)) + (2 << 30)
+    disk = fresh_fs(a.dir, size) if a.fresh_fs else contextlib.nullcontext(a.dir)
+    with disk as parent, scratch("bench-commit-calls-", a.dump_area, parent) as (shm, out):
         cpu, gb = measure(a, shm, out, acc)
     print(f"{a.samples} samples, {gb:.2f} GB: {cpu:.3f} CPU-s, {cpu / gb:.3f} CPU-s/GB")
     for k, v in acc.most_common():
@@ -144,6 +152,7 @@ def measure(
         bad = [r for r in c.commit_files(batch, a.hidden, layers) if isinstance(r, Exception)]
         assert not bad, bad
     cpu = time.thread_time() - t0
+    c.rows.close()  # its folders' descriptors: the output's filesystem may be unmounted
     return cpu, a.samples * committed_bytes(out, one) / 1e9
 
 

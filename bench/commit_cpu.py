@@ -21,6 +21,11 @@ per byte is multiplied by ~1 GB/s per GPU (issue #32). This measures that cost a
   bytes from a file in the dump area (tmpfs) to that disk: the bytes' own way, where the
   read from tmpfs is the kernel's copy out of 4 KiB page-cache pages, not one memcpy.
 
+``--fresh-fs`` puts each measurement's output, and its ``dd``, on a new journaled ext4 (an
+image in ``--dir`` on a loop device doing direct I/O: ``--dir``'s disk underneath), as a
+node's data disk is: on the disk of a filesystem that earlier runs just filled and emptied,
+creating a file may cost many times a fresh one's (see ``scratch.fresh_fs``).
+
 ``--pages spliced,mapped`` runs each with a v2 dump's pages spliced into the write or
 written from its mapping (``EAGLE3D_SPLICE_PAGES``; default: the daemon's choice by the
 dump area's pages). ``--layouts sample,safetensors`` runs each format with the synthetic producer's dumps in
@@ -47,6 +52,7 @@ is 3.9 GB, fp8 half that; everything written is removed at the end.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import math
@@ -60,8 +66,11 @@ import sys
 import tempfile
 import threading
 import time
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
+
+from scratch import fresh_fs
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {
@@ -317,6 +326,11 @@ def main() -> int:
     p.add_argument("--py-spy", action="store_true")
     p.add_argument("--json", default="", help="also write the figures here")
     p.add_argument("--fresh", action="store_true", help="first starts (see the docstring)")
+    p.add_argument(
+        "--fresh-fs",
+        action="store_true",
+        help="each measurement's output and dd on a new journaled ext4 in --dir (root)",
+    )
     a = p.parse_args()
 
     base = Path(tempfile.mkdtemp(prefix="bench-commit-cpu-", dir=a.dir))
@@ -337,80 +351,8 @@ def main() -> int:
                     + ([pages] if a.pages != "auto" else [])
                 )
 
-                def run(
-                    wrap: list[str] | None = None,
-                    d: Path = data,
-                    fmt: str = fmt,
-                    fresh: bool = True,
-                    layout: str = layout,
-                    pages: str = pages,
-                ) -> dict[str, Any]:
-                    out = base / "out"
-                    env = {**ENV, "EAGLE3D_SYNTHETIC_LAYOUT": layout}
-                    if pages != "auto":
-                        env["EAGLE3D_SPLICE_PAGES"] = "1" if pages == "spliced" else "0"
-                    return run_daemon(
-                        model, d, out, shm, fmt, a.threads, wrap, fresh=fresh, env=env
-                    )
-
-                if a.fresh:
-                    first = start = run(d=one)
-                    full = run()
-                    nbytes = full["bytes"]
-                else:
-                    first = run(d=one)
-                    start = run(d=two, fresh=False)
-                    full = run(fresh=False)
-                    nbytes = full["bytes"] - start["bytes"]
-                copy = memcpy_cpu(nbytes)
-                dd, dd_wall = dd_cpu(base, nbytes)
-                floor = copy + dd
-                moved = dd_from_dumps_cpu(shm, base, nbytes) if _fits(shm, nbytes) else math.nan
-                row = {
-                    "load": os.getloadavg()[0],
-                    "bytes": nbytes,
-                    "samples": full["samples"],
-                    "daemon_cpu": full["cpu"],
-                    "daemon_user": full["user"],
-                    "daemon_sys": full["sys"],
-                    "daemon_wall": full["wall"],
-                    "start_cpu": start["cpu"],
-                    "first_start_cpu": first["cpu"],
-                    "resumed": not a.fresh,
-                    "memcpy_cpu": copy,
-                    "dd_cpu": dd,
-                    "dd_wall": dd_wall,
-                    "floor": floor,
-                    "dd_from_dumps_cpu": moved,
-                    "ratio_to_dd_from_dumps": full["cpu"] / moved,
-                    "ratio_less_producer_to_dd_from_dumps": (
-                        full["cpu"] - full["threads"].get("synthetic", 0.0)
-                    )
-                    / moved,
-                    "ratio_with_start": full["cpu"] / floor,
-                    "ratio_without_start": (full["cpu"] - start["cpu"]) / floor,
-                    "cpu_s_per_gb": (full["cpu"] - start["cpu"]) / (nbytes / 1e9),
-                    # The synthetic producer runs in the daemon's process: its own threads
-                    # (writing each conversation's first dump, linking the rest) are the
-                    # benchmark's producer, not the commit path.
-                    "producer_cpu": full["threads"].get("synthetic", 0.0),
-                    "ratio_less_producer": (full["cpu"] - full["threads"].get("synthetic", 0.0))
-                    / floor,
-                    "ratio_commit_path": (
-                        full["cpu"] - start["cpu"] - full["threads"].get("synthetic", 0.0)
-                    )
-                    / floor,
-                    "threads": full["threads"],
-                    "start_threads": start["threads"],
-                }
-                if a.strace:
-                    row["strace"] = strace_counts(run, base)
-                if a.py_spy and shutil.which("py-spy"):
-                    svg = base / f"py-spy-{fmt}.txt"
-                    spy = ["py-spy", "record", "--format", "raw", "--gil", "-t", "-r", "500"]
-                    run(d=one)  # as measured: a resume after a one-row first run
-                    run([*spy, "-o", str(svg), "--"], fresh=False)
-                    row["py_spy"] = top_frames(svg)
+                with output_disk(a, base, fmt) as disk:
+                    row = measure(a, model, data, one, two, shm, disk, fmt, layout, pages)
                 results.setdefault(key, []).append(row)
                 report(key, r + 1, row)
         summary(results)
@@ -420,6 +362,102 @@ def main() -> int:
         shutil.rmtree(base, ignore_errors=True)
         shutil.rmtree(shm, ignore_errors=True)
     return 0
+
+
+def output_disk(a: argparse.Namespace, base: Path, fmt: str) -> AbstractContextManager[str]:
+    """Where a measurement's output and its ``dd`` go: ``base``, or with ``--fresh-fs`` a
+    new journaled ext4 in ``--dir`` sized for both."""
+    if not a.fresh_fs:
+        return contextlib.nullcontext(str(base))
+    per_token = 4 * a.hidden * (1 if fmt == "fp8" else 2 if fmt != "float32" else 4)
+    job = a.samples * (a.tokens * per_token + (1 << 20))
+    return fresh_fs(a.dir, 2 * job + (2 << 30))
+
+
+def measure(
+    a: argparse.Namespace,
+    model: Path,
+    data: Path,
+    one: Path,
+    two: Path,
+    shm: str,
+    disk: str,
+    fmt: str,
+    layout: str,
+    pages: str,
+) -> dict[str, Any]:
+    """One measurement: the daemon's runs with the output in ``disk``, and the floor there."""
+
+    def run(
+        wrap: list[str] | None = None,
+        d: Path = data,
+        fmt: str = fmt,
+        fresh: bool = True,
+        layout: str = layout,
+        pages: str = pages,
+    ) -> dict[str, Any]:
+        out = Path(disk) / "out"
+        env = {**ENV, "EAGLE3D_SYNTHETIC_LAYOUT": layout}
+        if pages != "auto":
+            env["EAGLE3D_SPLICE_PAGES"] = "1" if pages == "spliced" else "0"
+        return run_daemon(model, d, out, shm, fmt, a.threads, wrap, fresh=fresh, env=env)
+
+    if a.fresh:
+        first = start = run(d=one)
+        full = run()
+        nbytes = full["bytes"]
+    else:
+        first = run(d=one)
+        start = run(d=two, fresh=False)
+        full = run(fresh=False)
+        nbytes = full["bytes"] - start["bytes"]
+    copy = memcpy_cpu(nbytes)
+    dd, dd_wall = dd_cpu(Path(disk), nbytes)
+    floor = copy + dd
+    moved = dd_from_dumps_cpu(shm, Path(disk), nbytes) if _fits(shm, nbytes) else math.nan
+    row = {
+        "load": os.getloadavg()[0],
+        "bytes": nbytes,
+        "samples": full["samples"],
+        "daemon_cpu": full["cpu"],
+        "daemon_user": full["user"],
+        "daemon_sys": full["sys"],
+        "daemon_wall": full["wall"],
+        "start_cpu": start["cpu"],
+        "first_start_cpu": first["cpu"],
+        "resumed": not a.fresh,
+        "memcpy_cpu": copy,
+        "dd_cpu": dd,
+        "dd_wall": dd_wall,
+        "floor": floor,
+        "dd_from_dumps_cpu": moved,
+        "ratio_to_dd_from_dumps": full["cpu"] / moved,
+        "ratio_less_producer_to_dd_from_dumps": (
+            full["cpu"] - full["threads"].get("synthetic", 0.0)
+        )
+        / moved,
+        "ratio_with_start": full["cpu"] / floor,
+        "ratio_without_start": (full["cpu"] - start["cpu"]) / floor,
+        "cpu_s_per_gb": (full["cpu"] - start["cpu"]) / (nbytes / 1e9),
+        # The synthetic producer runs in the daemon's process: its own threads
+        # (writing each conversation's first dump, linking the rest) are the
+        # benchmark's producer, not the commit path.
+        "producer_cpu": full["threads"].get("synthetic", 0.0),
+        "ratio_less_producer": (full["cpu"] - full["threads"].get("synthetic", 0.0)) / floor,
+        "ratio_commit_path": (full["cpu"] - start["cpu"] - full["threads"].get("synthetic", 0.0))
+        / floor,
+        "threads": full["threads"],
+        "start_threads": start["threads"],
+    }
+    if a.strace:
+        row["strace"] = strace_counts(run, Path(disk))
+    if a.py_spy and shutil.which("py-spy"):
+        svg = Path(disk) / f"py-spy-{fmt}.txt"
+        spy = ["py-spy", "record", "--format", "raw", "--gil", "-t", "-r", "500"]
+        run(d=one)  # as measured: a resume after a one-row first run
+        run([*spy, "-o", str(svg), "--"], fresh=False)
+        row["py_spy"] = top_frames(svg)
+    return row
 
 
 def top_frames(path: Path, n: int = 25) -> str:
