@@ -24,7 +24,7 @@ ratio is below the goal: that is a figure to report). Outputs are removed as it 
 disk holds at most one job's files at a time).
 
 Packages: torch, transformers, safetensors, tokenizers, numpy, psutil, pyarrow and httpx are
-in the H200 image; msgspec, watchdog and isal are not: carry them as wheels for Python 3.12
+in the H200 image; msgspec and isal are not: carry them as wheels for Python 3.12
 (``scripts/gpu_node_wheels.sh`` downloads them into ``.whl/``, ignored by git; the device
 notes say how to install them there), then run with ``PYTHONPATH=/tmp/site:shared:daemon:tui``.
 """

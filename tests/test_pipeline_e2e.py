@@ -289,8 +289,6 @@ def test_the_daemons_threads_carry_their_roles_for_top_and_ps(
         "commit_0",
         "dump-reaper",
         "dump-inotify",
-        "dump-observer",
-        "dump-emitter",
     }
     names: set[str] = set()
     try:

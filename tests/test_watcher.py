@@ -88,30 +88,12 @@ async def test_a_removed_dump_area_is_recreated_and_watched_again(tmp_path) -> N
         w.stop()
 
 
-def _long_move_pairing(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make watchdog hold an ``IN_MOVED_FROM`` for 60 s instead of 0.5 s (its pairing delay,
-    wherever this watchdog version keeps it), so that a stall behind one cannot be missed."""
-    import importlib
-
-    for module, cls in (
-        ("watchdog.observers.inotify_move_event_grouper", "InotifyMoveEventGrouper"),
-        ("watchdog.observers.inotify_buffer", "InotifyBuffer"),
-    ):
-        try:
-            monkeypatch.setattr(getattr(importlib.import_module(module), cls), "delay", 60.0)
-        except (ImportError, AttributeError):
-            continue
-        return
-    pytest.skip("this watchdog keeps no move-pairing delay")
-
-
 async def test_a_file_moved_out_of_the_dump_area_does_not_hold_back_the_next_dump(
-    tmp_path, monkeypatch: pytest.MonkeyPatch
+    tmp_path,
 ) -> None:
-    # watchdog holds an IN_MOVED_FROM at the head of its queue until its pair comes or the
-    # delay ends; every event behind it waits. A move out of the area has no pair, and a
-    # rename's pair can come late. The watch asks for IN_MOVED_TO only, so nothing is held.
-    _long_move_pairing(monkeypatch)
+    # A watcher that paired moves (as watchdog did, holding an IN_MOVED_FROM for half a
+    # second at the head of its queue) delayed every dump behind a move out of the area.
+    # The watch asks for IN_MOVED_TO only: the move out is never seen.
     d = str(tmp_path / "dumps")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -129,5 +111,58 @@ async def test_a_file_moved_out_of_the_dump_area_does_not_hold_back_the_next_dum
         )
         await _settle(got, 1, seconds=10.0)
         assert got == [path]
+    finally:
+        w.stop()
+
+
+def test_inotify_events_are_parsed_with_their_padded_names() -> None:
+    """``struct inotify_event`` records as the kernel packs them: names NUL-padded, an
+    event without a name (the watch's own) among them."""
+    import struct
+
+    from eagle3d.dumps import watcher
+
+    def record(wd: int, mask: int, name: bytes, pad: int) -> bytes:
+        raw = name + b"\0" * pad
+        return struct.pack("iIII", wd, mask, 0, len(raw)) + raw
+
+    data = (
+        record(1, watcher._IN_MOVED_TO, b"r1.e3dump", 7)
+        + record(1, watcher._IN_IGNORED, b"", 0)
+        + record(2, watcher._IN_CREATE, "é.e3dump".encode(), 5)
+    )
+    assert list(watcher.events(data)) == [
+        (1, watcher._IN_MOVED_TO, "r1.e3dump"),
+        (1, watcher._IN_IGNORED, ""),
+        (2, watcher._IN_CREATE, "é.e3dump"),
+    ]
+
+
+def test_an_overflow_reports_what_is_there_and_an_ended_watch_reports_nothing(tmp_path) -> None:
+    """Events lost to a full queue (``IN_Q_OVERFLOW``): every dump present is reported.
+    Events of a watch that ended (its folder deleted, or replaced at the same path) are
+    of another folder: not reported, and the watch counts as ended for :meth:`rearm`."""
+    import struct
+
+    from eagle3d.dumps import watcher
+
+    d = tmp_path / "dumps"
+    got: list[str] = []
+    w = DumpWatcher(str(d), got.append)
+    w.start()
+    try:
+        (d / "a1.e3dump").write_bytes(b"x")
+        (d / "notes.txt").write_bytes(b"x")
+        got.clear()
+        w._handle(struct.pack("iIII", -1, watcher._IN_Q_OVERFLOW, 0, 0))
+        assert got == [str(d / "a1.e3dump")]
+        got.clear()
+        old = w._wd
+        name = b"b2.e3dump\0\0\0"
+        w._handle(struct.pack("iIII", old + 1, watcher._IN_MOVED_TO, 0, len(name)) + name)
+        assert got == []  # not the current watch
+        w._handle(struct.pack("iIII", old, watcher._IN_IGNORED, 0, 0))
+        assert w.rearm() is True and w._wd != -1
+        assert w.rearm() is False
     finally:
         w.stop()
