@@ -9,6 +9,7 @@ import gc
 import logging
 import os
 import signal
+import sys
 import time
 
 from eagle3d import config, exitcodes
@@ -67,11 +68,28 @@ def run_job(cfg: config.JobConfig, summary: bool = False) -> int:
     from eagle3d.serve import progress
 
     started = time.monotonic()
+    _numpy_with_one_blas_thread()
     daemon = Daemon(cfg)
     code = asyncio.run(daemon.run())
     if summary and daemon.state.total >= 0:
         log.info("%s", progress.summary(daemon.state, time.monotonic() - started))
     return code
+
+
+def _numpy_with_one_blas_thread() -> None:
+    """Load numpy with one BLAS thread, unless the user set OpenBLAS's threads.
+
+    The daemon's numpy does no linear algebra (views, copies, comparisons), yet OpenBLAS
+    starts a thread per core at import, each spinning before it sleeps: 0.08 CPU-s of a
+    start on 2 cores, a core-second or more on a GPU node's. The environment is restored:
+    the processes the daemon starts keep the user's."""
+    if "numpy" in sys.modules or "OPENBLAS_NUM_THREADS" in os.environ:
+        return
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    try:
+        import numpy  # noqa: F401
+    finally:
+        del os.environ["OPENBLAS_NUM_THREADS"]
 
 
 __all__ = ["cmd_run", "register", "run_job"]
