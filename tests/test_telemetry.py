@@ -266,3 +266,30 @@ def test_children_rss_counts_the_real_child_processes() -> None:
         assert probes.children_rss() - before > 190 << 20
     finally:
         child.communicate("")
+
+
+def test_without_a_driver_pynvml_is_not_even_imported(tmp_path) -> None:
+    """No NVIDIA driver anywhere it shows itself: the note says so, and pynvml (30 ms of a
+    start, the interpreter held meanwhile) is never imported."""
+    import subprocess
+    import sys
+
+    from eagle3d.serve import telemetry
+
+    if any(os.path.exists(p) for p in telemetry.DRIVER_PATHS):
+        pytest.skip("this machine has an NVIDIA driver")
+    probe = (
+        "import sys\n"
+        "from eagle3d.serve.telemetry import NvmlGpus\n"
+        "gpus, note = NvmlGpus().read()\n"
+        "print(gpus == [], 'pynvml' in sys.modules, note)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.startswith("True False no GPU telemetry: no NVIDIA driver"), out
+    # A driver's path present: NVML is asked (and, with no driver behind it, says why).
+    present = tmp_path / "nvidiactl"
+    present.touch()
+    gpus, note = NvmlGpus(driver_paths=(str(present),)).read()
+    assert gpus == [] and note.startswith("no GPU telemetry") and "no NVIDIA driver" not in note

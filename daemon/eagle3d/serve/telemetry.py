@@ -71,6 +71,12 @@ def throttle_names(mask: int) -> list[str]:
 XID_EVENT = 0x0000000000000008
 
 
+#: Where an NVIDIA driver shows itself (Linux, containers given GPUs, WSL2): with none of
+#: them, NVML cannot start, and ``pynvml`` is not imported (its import costs a start 30 ms
+#: of CPU and holds the interpreter from the commit threads meanwhile).
+DRIVER_PATHS = ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/dxg")
+
+
 class NvmlGpus:
     """Reads GPUs through ``pynvml``; initialised once, lazily, never retried after failing.
 
@@ -84,8 +90,10 @@ class NvmlGpus:
         nvml: Any | None = None,
         clock: Callable[[], float] = time.time,
         boot_clock: Callable[[], float] = locks.boottime,
+        driver_paths: tuple[str, ...] = DRIVER_PATHS,
     ) -> None:
         self._nvml: Any = nvml
+        self.driver_paths = driver_paths
         self._ok: bool | None = None
         self.note = ""
         self.clock = clock
@@ -100,6 +108,11 @@ class NvmlGpus:
         self._ok = False
         nvml = self._nvml
         if nvml is None:
+            if not any(os.path.exists(p) for p in self.driver_paths):
+                self.note = (
+                    f"no GPU telemetry: no NVIDIA driver ({', '.join(self.driver_paths)}: none)"
+                )
+                return False
             try:
                 import pynvml  # optional: the "gpu" extra (nvidia-ml-py)
             except ImportError:
