@@ -113,9 +113,12 @@ def main() -> int:
     splice.read_trailer = _timed(splice.read_trailer, "trailer", acc)
     splice._same_layout = _timed(splice._same_layout, "headers compared", acc)
     splice.Staged.close = _timed(splice.Staged.close, "unmap", acc)  # type: ignore[method-assign]
-    size = 2 * a.samples * (a.tokens * 8 * a.hidden + (1 << 20)) + (2 << 30)
-    disk = fresh_fs(a.dir, size) if a.fresh_fs else contextlib.nullcontext(a.dir)
-    with disk as parent, scratch("bench-commit-calls-", a.dump_area, parent) as (shm, out):
+    from eagle3d.remote import storedtype
+    from eagle3d.store.sizing import file_bytes_at_most
+
+    size = 2 * a.samples * file_bytes_at_most(a.tokens, a.hidden, 3, storedtype.get("bfloat16"))
+    disk = fresh_fs(a.dir, size + (2 << 30)) if a.fresh_fs else contextlib.nullcontext(a.dir)
+    with disk as parent, scratch("bench-commit-calls-", a.dump_area, str(parent)) as (shm, out):
         cpu, gb = measure(a, shm, out, acc)
     print(f"{a.samples} samples, {gb:.2f} GB: {cpu:.3f} CPU-s, {cpu / gb:.3f} CPU-s/GB")
     for k, v in acc.most_common():

@@ -364,13 +364,15 @@ def main() -> int:
     return 0
 
 
-def output_disk(a: argparse.Namespace, base: Path, fmt: str) -> AbstractContextManager[str]:
+def output_disk(a: argparse.Namespace, base: Path, fmt: str) -> AbstractContextManager[Path]:
     """Where a measurement's output and its ``dd`` go: ``base``, or with ``--fresh-fs`` a
     new journaled ext4 in ``--dir`` sized for both."""
+    from eagle3d.remote import storedtype
+    from eagle3d.store.sizing import file_bytes_at_most
+
     if not a.fresh_fs:
-        return contextlib.nullcontext(str(base))
-    per_token = 4 * a.hidden * (1 if fmt == "fp8" else 2 if fmt != "float32" else 4)
-    job = a.samples * (a.tokens * per_token + (1 << 20))
+        return contextlib.nullcontext(base)
+    job = a.samples * file_bytes_at_most(a.tokens, a.hidden, 3, storedtype.get(fmt))
     return fresh_fs(a.dir, 2 * job + (2 << 30))
 
 
@@ -381,7 +383,7 @@ def measure(
     one: Path,
     two: Path,
     shm: str,
-    disk: str,
+    disk: Path,
     fmt: str,
     layout: str,
     pages: str,
@@ -396,7 +398,7 @@ def measure(
         layout: str = layout,
         pages: str = pages,
     ) -> dict[str, Any]:
-        out = Path(disk) / "out"
+        out = disk / "out"
         env = {**ENV, "EAGLE3D_SYNTHETIC_LAYOUT": layout}
         if pages != "auto":
             env["EAGLE3D_SPLICE_PAGES"] = "1" if pages == "spliced" else "0"
@@ -412,9 +414,9 @@ def measure(
         full = run(fresh=False)
         nbytes = full["bytes"] - start["bytes"]
     copy = memcpy_cpu(nbytes)
-    dd, dd_wall = dd_cpu(Path(disk), nbytes)
+    dd, dd_wall = dd_cpu(disk, nbytes)
     floor = copy + dd
-    moved = dd_from_dumps_cpu(shm, Path(disk), nbytes) if _fits(shm, nbytes) else math.nan
+    moved = dd_from_dumps_cpu(shm, disk, nbytes) if _fits(shm, nbytes) else math.nan
     row = {
         "load": os.getloadavg()[0],
         "bytes": nbytes,
@@ -450,9 +452,9 @@ def measure(
         "start_threads": start["threads"],
     }
     if a.strace:
-        row["strace"] = strace_counts(run, Path(disk))
+        row["strace"] = strace_counts(run, disk)
     if a.py_spy and shutil.which("py-spy"):
-        svg = Path(disk) / f"py-spy-{fmt}.txt"
+        svg = disk / f"py-spy-{fmt}.txt"
         spy = ["py-spy", "record", "--format", "raw", "--gil", "-t", "-r", "500"]
         run(d=one)  # as measured: a resume after a one-row first run
         run([*spy, "-o", str(svg), "--"], fresh=False)

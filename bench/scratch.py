@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 
 @contextlib.contextmanager
@@ -25,7 +26,7 @@ def scratch(prefix: str, *parents: str) -> Iterator[list[str]]:
 
 
 @contextlib.contextmanager
-def fresh_fs(parent: str, nbytes: int) -> Iterator[str]:
+def fresh_fs(parent: str, nbytes: int) -> Iterator[Path]:
     """A new journaled ext4 of ``nbytes`` (a sparse image in ``parent``, on a loop device
     doing direct I/O into it, so writes reach ``parent``'s disk as the job's own would),
     mounted on a new folder; all of it removed on exit. Needs root.
@@ -56,7 +57,7 @@ def fresh_fs(parent: str, nbytes: int) -> Iterator[str]:
         made.append(mnt)
         subprocess.run(["mount", loop, mnt], check=True)
         try:
-            yield mnt
+            yield Path(mnt)
         finally:
             if subprocess.run(["umount", mnt], check=False).returncode:
                 subprocess.run(["umount", "-l", mnt], check=False)  # a descriptor still open

@@ -86,7 +86,7 @@ class DumpWatcher:
         self._thread: threading.Thread | None = None
 
     def _notify(self, path: str) -> None:
-        if rid_of(path) is not None and os.path.dirname(path) == self.dump_dir:
+        if rid_of(path) is not None:  # a dump's final name, not a temp or stray file
             self.arrived(path)
 
     def start(self) -> None:
