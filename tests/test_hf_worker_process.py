@@ -233,3 +233,43 @@ def test_give_hands_back_what_has_not_started_even_mid_batch(
         assert proc.stdin is not None
         proc.stdin.close()
         _ended(proc)
+
+
+def test_a_batch_is_marked_for_its_written_report_only_after_its_done_is_sent(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The daemon counts a batch's dumps as owed from its "done": a "written" ahead of it
+    (the writer thread is quick on a CPU device) would leave them owed, and a worker lost
+    later would fail dumps already saved. In process, with the worker's own ``forward``:
+    the writer's "written" marker enters its queue only once "done" has gone out."""
+    import argparse
+    import queue
+
+    from eagle3d.remote import hf_worker
+
+    sent: list[object] = []
+    monkeypatch.setattr(hf_worker, "send", sent.append)
+    worker = hf_worker.Worker(
+        argparse.Namespace(
+            model=str(tiny_model_dir),
+            dump_dir=str(tmp_path),
+            batch_tokens=256,
+            aux_layers=[1, 2, 3],
+            device="cpu",
+            dtype="auto",
+            store_dtype="",
+        )
+    )
+    dones_at_marker: list[int] = []
+
+    class Recording(queue.Queue[tuple[Any, ...] | None]):
+        def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
+            if item is not None and item[0] is hf_worker._WRITTEN:
+                dones_at_marker.append(sum(type(m).__name__ == "Done" for m in sent))
+            super().put(item, block, timeout)
+
+    worker.writes = Recording()
+    worker.forward(["r0", "r1"], [[5, 6, 7], [8, 9]])
+    worker.forward(["r2"], [[4, 4, 4, 4]])
+    assert dones_at_marker == [1, 2]
+    assert worker.writes.qsize() == 2 + 1 + 1 + 1  # three dumps, two markers

@@ -55,6 +55,8 @@ class Start(msgspec.Struct, tag="start", tag_field="op"):
 
 
 class Done(msgspec.Struct, tag="done", tag_field="op"):
+    """A batch computed: from here its dumps are owed until its ``Written``."""
+
     rids: list[str]
     tokens: int  # real tokens in the batch
     padded: int  # tokens computed, padding included
@@ -62,6 +64,8 @@ class Done(msgspec.Struct, tag="done", tag_field="op"):
 
 
 class Written(msgspec.Struct, tag="written", tag_field="op"):
+    """A batch's dumps are all in the dump area; always sent after that batch's ``Done``."""
+
     rids: list[str]
 
 

@@ -382,11 +382,14 @@ class Worker:
             self.writes.put(
                 (rid, ids_host[i, :n], aux_cpu[i, :n], final_cpu[i, :n], sc, pending, row)
             )
-        self.writes.put((_WRITTEN, rids, None, None, None, None, None))
         self.batches += 1
         send(
             pr.Done(rids, sum(len(s) for s in seqs), len(seqs) * longest, time.perf_counter() - t0)
         )
+        # Queued only once "done" is sent: the daemon counts a batch's dumps as owed from its
+        # "done", so a "written" ahead of it (the writer is quick on a CPU device) would leave
+        # them owed for ever.
+        self.writes.put((_WRITTEN, rids, None, None, None, None, None))
 
 
 def is_oom(e: BaseException) -> bool:
