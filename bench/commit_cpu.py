@@ -324,6 +324,9 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--strace", action="store_true")
     p.add_argument("--py-spy", action="store_true")
+    p.add_argument(
+        "--py-spy-keep", default="", help="a folder to keep py-spy's collapsed stacks in"
+    )
     p.add_argument("--json", default="", help="also write the figures here")
     p.add_argument("--fresh", action="store_true", help="first starts (see the docstring)")
     p.add_argument(
@@ -459,6 +462,8 @@ def measure(
         run(d=one)  # as measured: a resume after a one-row first run
         run([*spy, "-o", str(svg), "--"], fresh=False)
         row["py_spy"] = top_frames(svg)
+        if a.py_spy_keep:
+            shutil.copy(svg, Path(a.py_spy_keep) / svg.name)
     return row
 
 
@@ -472,7 +477,8 @@ def top_frames(path: Path, n: int = 25) -> str:
         if not stack:
             continue
         frames = stack.split(";")
-        leaf = f"[{frames[0].split(' ')[0][:16]}] {frames[-1]}"
+        # py-spy's -t puts the thread first: "thread (0x7f…): commit_0" (its name, if any).
+        leaf = f"[{frames[0].rpartition(': ')[2][:16]}] {frames[-1]}"
         self_samples[leaf] = self_samples.get(leaf, 0) + int(count)
         total += int(count)
     top = sorted(self_samples.items(), key=lambda kv: -kv[1])[:n]
