@@ -81,6 +81,7 @@ from eagle3d.run.stages import StartStages, StartStopped
 from eagle3d.serve.notify import Notifier, WatchdogPolicy
 
 if TYPE_CHECKING:
+    from eagle3d.run.estimate import Keep
     from eagle3d.serve.beacon import StartBeacon
     from eagle3d.serve.server import EventServer
 
@@ -100,6 +101,7 @@ class Daemon:
         self.jdir = paths.journal_dir(self.output, self.shard)
         self.drain_timeout = drain_timeout
         self.fresh = False  # a new job (no journal yet): its space check came first
+        self._keep_rows: Keep | None = None  # the rows it read, kept once the start is on
         self.state = reducer.new_state()  # the journal's records folded, for subscribers
         self.status = bytearray()  # a byte per dataset row, resumed from the journal
         self.inbox = Inbox(self._receive)
@@ -211,7 +213,9 @@ class Daemon:
         if not (self.cfg.no_space_check or self.fresh):  # a resumed job: what its journal left
             self.stages.begin("checking the space the job needs")
             args = (self.cfg, opened.facts, self.shard, self.output, self.status, self.stages)
-            await self._reading(spacecheck.check_space, *args)
+            keep = await self._reading(spacecheck.check_space, *args)
+            if keep is not None:  # the start goes on: its rows kept for the next one
+                await asyncio.to_thread(keep.save, self.jdir)
         capture.write(self.output, opened.facts.capture or {})
         if self.finished.is_set():
             return self.exit_code
@@ -312,6 +316,8 @@ class Daemon:
         if forced:
             log.warning("resuming with a changed model (%s) because of --force-resume", forced)
         await asyncio.to_thread(job.keep_pin, facts, self.jdir, cfg.max_line_bytes)
+        if self._keep_rows is not None:  # what a new job's space check read
+            await asyncio.to_thread(self._keep_rows.save, self.jdir)
         return Opened(facts, resume, journal.run_id, recorder, identity)
 
     async def _refusals(self) -> job.JobFacts:
@@ -331,7 +337,7 @@ class Daemon:
             for i in facts.blank:
                 status[i] = SKIPPED
             args = (cfg, facts, self.shard, self.output, status, self.stages)
-            await self._reading(spacecheck.check_space, *args)
+            self._keep_rows = await self._reading(spacecheck.check_space, *args)
         return facts
 
     def _check_row_folders(self, identity: diskguard.OutputIdentity) -> None:

@@ -15,7 +15,8 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from eagle3proto import paths
@@ -24,7 +25,7 @@ from eagle3proto.paths import Shard
 from eagle3d import config
 from eagle3d.core.sample import FAILED, PENDING, SAVED, SKIPPED
 from eagle3d.remote import storedtype
-from eagle3d.run import job
+from eagle3d.run import job, keptrows
 from eagle3d.run.planreport import PlanReport, ShardPlan
 from eagle3d.store import catalog, pace, sizing
 
@@ -89,6 +90,23 @@ def choose(every: Any, sample: int, seed: int) -> tuple[list[int], bool]:
     return sorted(int(every[j]) for j in at), True
 
 
+@dataclass(frozen=True, slots=True)
+class Estimated:
+    """What :func:`estimate` found: per-shard plans, the rows it stands on (read, or taken
+    as kept), whether they are a sample, the file bytes per token; ``read``: the rows it
+    read itself (None: none, they were taken as kept)."""
+
+    plans: list[ShardPlan]
+    tokenized: int
+    sampled: bool
+    per_token: float
+    read: keptrows.Read | None = None
+
+
+#: Rows kept from an earlier start for the rows still to do (:func:`eagle3d.run.keptrows.take`).
+Reuse = Callable[[Any], keptrows.Taken | None]
+
+
 def estimate(
     cfg: config.JobConfig,
     facts: job.JobFacts,
@@ -101,16 +119,15 @@ def estimate(
     status: bytearray | None = None,
     progress: bool = False,
     on_rows: Callable[[int, int], object] | None = None,
-) -> tuple[list[ShardPlan], int, bool, float]:
+    reuse: Reuse | None = None,
+) -> Estimated:
     """Tokenize the remaining rows of ``shards`` (of one shard count; all rows, or a
     uniform sample of ``sample`` of them, each read at its offset where the dataset allows)
     and scale up (``on_rows(rows tokenized, of how many)`` every few hundred rows, and
     ``(0, 0)`` before the tokenizer loads). Its cost
-    grows with the sample, not with the dataset: the rows not chosen are not read. Returns
-    (per-shard plans, rows tokenized, whether it was a sample, file bytes per token)."""
+    grows with the sample, not with the dataset: the rows not chosen are not read.
+    ``reuse``: rows an earlier start read, taken instead when it gives them."""
     import numpy as np
-
-    from eagle3d.ingest.dataformats import rows_at
 
     plans, left = [], {}
     found = []
@@ -120,90 +137,102 @@ def estimate(
         found.append(ids)
         plans.append(sp)
     every = np.sort(np.concatenate(found)) if found else np.zeros(0, np.int64)
-    chosen, sampled = choose(every, sample, seed)
+    taken = reuse(every) if reuse is not None else None
+    read = None
+    if taken is None:
+        chosen, sampled = choose(every, sample, seed)
+        kept = [paths.journal_dir(output, s) for s in shards]  # where a tokenizer may be kept
+        rows, results = _read(cfg, facts, chosen, progress, on_rows, kept)
+        read = keptrows.Read(rows, results, every, not sampled)
+    else:
+        rows, results, sampled = taken
     tallies = {s: sizing.Tally() for s in shards}
-    rows = rows_at(cfg.dataset, facts.fmt, chosen, facts.starts, cfg.max_line_bytes)
-    kept = [paths.journal_dir(output, s) for s in shards]  # where a tokenizer may be kept
-    _tokenize(cfg, facts, rows, plans, tallies, len(chosen), progress, on_rows, kept)
+    by_shard = {sp.shard: sp for sp in plans}
+    count = plans[0].shard.count if plans else 1
+    for idx, f in zip(rows, results, strict=True):
+        shard = Shard(idx % count, count)
+        _count(by_shard[shard], tallies[shard], f, facts)
     for sp in plans:
         sp.estimate = sizing.scale(tallies[sp.shard], left[sp.shard])
         _scale_rows(sp, tallies[sp.shard].rows, left[sp.shard])
     tokens = sum(t.tokens for t in tallies.values())
     per_token = sum(t.bytes for t in tallies.values()) / tokens if tokens else 0.0
-    return plans, len(chosen), sampled, per_token
+    return Estimated(plans, len(rows), sampled, per_token, read)
 
 
-def _tokenize(
+def _read(
     cfg: config.JobConfig,
     facts: job.JobFacts,
-    rows: Iterator[tuple[int, Any]],
-    plans: list[ShardPlan],
-    tallies: dict[Shard, sizing.Tally],
-    total: int,
+    chosen: list[int],
     show: bool,
     on_rows: Callable[[int, int], object] | None,
     kept: list[str],
-) -> None:
-    """Tokenize ``rows`` (``total`` of them) as the feeder does (its encoder: loaded once a
-    process), each into its shard's tally; ``show``: a progress line on stderr."""
+) -> tuple[list[int], list[keptrows.Found]]:
+    """Read the rows ``chosen`` and tokenize them as the feeder does (its encoder: loaded
+    once a process); ``show``: a progress line on stderr. The rows read, and what each is."""
     from eagle3d.ingest.chat import encoder
+    from eagle3d.ingest.dataformats import rows_at, unit
 
+    rows = rows_at(cfg.dataset, facts.fmt, chosen, facts.starts, cfg.max_line_bytes)
     first = next(rows, None)
     if first is None:
-        return
+        return [], []
     if on_rows is not None:  # the tokenizer's load takes seconds: said, and a stop seen
         on_rows(0, 0)
     enc = encoder(cfg.model, cfg.max_length, cfg.on_overflow, kept=kept)
-    by_shard = {sp.shard: sp for sp in plans}
-    count = plans[0].shard.count
-    shown = _Progress(total if show else 0)
+    word = unit(facts.fmt)
+    shown = _Progress(len(chosen) if show else 0)
+    ids: list[int] = []
+    results: list[keptrows.Found] = []
     for idx, raw in itertools.chain([first], rows):
         if on_rows is not None and shown.n & 255 == 0:
-            on_rows(shown.n, total)
-        sp = by_shard[Shard(idx % count, count)]
-        t = _tokens(enc, idx, raw, sp, facts)
-        b = sizing.file_bytes(t, facts.hidden_size, len(facts.layers), _format(facts)) if t else 0
-        tallies[sp.shard].add(t, b)
+            on_rows(shown.n, len(chosen))
+        ids.append(idx)
+        results.append(_found(enc, idx, raw, word))
         shown.step()
     shown.done()
+    return ids, results
 
 
 def _format(facts: job.JobFacts) -> storedtype.StoreFormat:
     return storedtype.get(facts.job.store_dtype)
 
 
-def _tokens(enc: Any, idx: int, raw: Any, sp: ShardPlan, facts: job.JobFacts) -> int:
-    """The tokens row ``idx`` makes a sample of (0: none, the row refused, counted on
-    ``sp``; a row cut at ``max_length`` counted there too)."""
-    from eagle3d.ingest.dataformats import BadSample, parse_row, unit
+def _found(enc: Any, idx: int, raw: Any, word: str) -> keptrows.Found:
+    """What row ``idx`` is, read as the run will: its sample's tokens, a cut, a refusal."""
+    from eagle3d.ingest.dataformats import BadSample, parse_row
 
     try:
         tok = enc.encode(parse_row(idx, raw))
     except BadSample as bad:
-        _count_bad(sp, bad, unit(facts.fmt))
-        return 0
+        if bad.error == "too_long":
+            return keptrows.Found(0, keptrows.TOO_LONG)
+        bad.unit = word
+        return keptrows.Found(0, keptrows.INVALID, 0, f"{bad} [{bad.error}]")
     if tok.truncated:
-        sp.over += 1
-        sp.dropped += tok.full_length - len(tok.input_ids)
-    return len(tok.input_ids)
+        cut = tok.full_length - len(tok.input_ids)
+        return keptrows.Found(len(tok.input_ids), keptrows.CUT, cut)
+    return keptrows.Found(len(tok.input_ids), keptrows.OK)
 
 
 #: The first invalid rows a plan names.
 FIRST_INVALID = 5
 
 
-def _count_bad(sp: ShardPlan, bad: Exception, word: str) -> None:
-    from eagle3d.ingest.dataformats import BadSample
-
-    assert isinstance(bad, BadSample)
-    if bad.error == "too_long":
+def _count(sp: ShardPlan, tally: sizing.Tally, f: keptrows.Found, facts: job.JobFacts) -> None:
+    """One row's finding on its shard's plan and tally."""
+    t = f.tokens
+    tally.add(
+        t, sizing.file_bytes(t, facts.hidden_size, len(facts.layers), _format(facts)) if t else 0
+    )
+    if f.kind in (keptrows.CUT, keptrows.TOO_LONG):
         sp.over += 1
-        sp.skipped += 1
-        return
-    sp.invalid += 1
-    if len(sp.first_invalid) < FIRST_INVALID:
-        bad.unit = word
-        sp.first_invalid.append(f"{bad} [{bad.error}]")
+        sp.dropped += f.dropped
+        sp.skipped += f.kind == keptrows.TOO_LONG
+    elif f.kind == keptrows.INVALID:
+        sp.invalid += 1
+        if f.message and len(sp.first_invalid) < FIRST_INVALID:
+            sp.first_invalid.append(f.message)
 
 
 def _scale_rows(sp: ShardPlan, tallied: int, rows: int) -> None:
@@ -238,6 +267,29 @@ class _Progress:
             log.info("plan: read %s rows as the run will, in %.1f s", f"{self.n:,}", secs)
 
 
+@dataclass(frozen=True, slots=True)
+class Checked:
+    """``eagle3d run``'s check: the report; ``keep``: the rows it read, to keep beside the
+    journal once the start is accepted (None: nothing read); ``kept``: it stood on rows
+    an earlier start read."""
+
+    report: PlanReport
+    keep: Keep | None
+    kept: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Keep:
+    """Rows a start read, to keep in its journal directory (:mod:`eagle3d.run.keptrows`)."""
+
+    read: keptrows.Read
+    key: str
+    lines: int
+
+    def save(self, jdir: str) -> None:
+        keptrows.keep(jdir, self.read, self.key, self.lines)
+
+
 def check_run(
     cfg: config.JobConfig,
     facts: job.JobFacts,
@@ -245,27 +297,54 @@ def check_run(
     output: str,
     status: bytearray,
     on_rows: Callable[[int, int], object] | None = None,
-) -> PlanReport:
+) -> Checked:
     """``eagle3d run``'s check at start: its own shard's remaining rows (``status``: the
-    daemon's resume fold) against the output's free space."""
+    daemon's resume fold) against the output's free space; the rows an earlier start of the
+    shard kept are taken when they may stand for a read (:func:`eagle3d.run.keptrows.take`)."""
+    from eagle3d.ingest import tokcache
+
     t0 = time.monotonic()
     blank = set(facts.blank)
-    found = estimate(cfg, facts, [shard], output, blank=blank, status=status, on_rows=on_rows)
-    return plan_report(cfg, facts, output, found, len(facts.blank), shard, t0)
+    jdir = paths.journal_dir(output, shard)
+    key = keptrows.key(
+        dataset_sha=facts.job.dataset_sha,
+        tokenizer=tokcache.key(cfg.model),
+        max_length=cfg.max_length,
+        on_overflow=cfg.on_overflow,
+        fmt=facts.fmt.name,
+        max_line=cfg.max_line_bytes,
+        shard=shard,
+    )
+
+    def reuse(every: Any) -> keptrows.Taken | None:
+        return keptrows.take(jdir, key, every, facts.lines)
+
+    found = estimate(
+        cfg, facts, [shard], output, blank=blank, status=status, on_rows=on_rows, reuse=reuse
+    )
+    report = plan_report(cfg, facts, output, found, len(facts.blank), shard, t0)
+    if found.read is None:  # taken as kept
+        return Checked(report, None, True)
+    return Checked(report, Keep(found.read, key, facts.lines), False)
 
 
 def plan_report(
     cfg: config.JobConfig,
     facts: job.JobFacts,
     output: str,
-    found: tuple[list[ShardPlan], int, bool, float],
+    found: Estimated,
     blank: int,
     scope: Shard | None,
     t0: float,
 ) -> PlanReport:
     """The report of an :func:`estimate`, with the output filesystem's free space read now
     (a failure to read it is a problem the report names, not an error: fits is then unknown)."""
-    plans, tokenized, sampled, per_token = found
+    plans, tokenized, sampled, per_token = (
+        found.plans,
+        found.tokenized,
+        found.sampled,
+        found.per_token,
+    )
     problems = []
     try:
         disk: sizing.Disk | None = sizing.free_space(output)
@@ -311,4 +390,14 @@ def _cpus() -> int:
         return os.cpu_count() or 1
 
 
-__all__ = ["PlanReport", "ShardPlan", "check_run", "choose", "estimate", "plan_report"]
+__all__ = [
+    "Checked",
+    "Estimated",
+    "Keep",
+    "PlanReport",
+    "ShardPlan",
+    "check_run",
+    "choose",
+    "estimate",
+    "plan_report",
+]

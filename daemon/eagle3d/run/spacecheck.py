@@ -14,6 +14,7 @@ the job's. The log line and the refusal say which, and a sample's 95 % margin.""
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from eagle3proto.paths import Shard
 
@@ -23,6 +24,9 @@ from eagle3d.exitcodes import EXIT_SPACE, Fatal
 from eagle3d.run import job
 from eagle3d.run.planreport import PlanReport
 from eagle3d.run.stages import StartStages, StartStopped
+
+if TYPE_CHECKING:  # the estimate's imports load at the check, not with the daemon
+    from eagle3d.run.estimate import Keep
 
 log = logging.getLogger("eagle3d")
 
@@ -34,15 +38,17 @@ def check_space(
     output: str,
     status: bytearray,
     stages: StartStages | None = None,
-) -> None:
+) -> Keep | None:
     """Raise :class:`Fatal` (exit 10) when the rest of the job does not fit; log the
     estimate otherwise. Runs off the event loop (it tokenizes rows; its progress told to
-    ``stages``, where a signal ends it with :class:`StartStopped`)."""
+    ``stages``, where a signal ends it with :class:`StartStopped`). Returns the rows it
+    read, for the daemon to keep beside the journal once the start is accepted (None:
+    nothing read, or they were taken as an earlier start kept them)."""
     from eagle3d.run import estimate
     from eagle3d.store import sizing
 
     if fits_at_most(cfg, facts, shard, output, status):
-        return
+        return None
     on_rows = None
     if stages is not None:
 
@@ -53,13 +59,16 @@ def check_space(
             stages.progress(tokenized, 0, 0, "rows tokenized", of)
 
     try:
-        report = estimate.check_run(cfg, facts, shard, output, status, on_rows)
+        checked = estimate.check_run(cfg, facts, shard, output, status, on_rows)
     except StartStopped:
         raise
     except Exception as e:  # the check must never be why a job cannot start
         log.warning("space check skipped: %s: %s", type(e).__name__, e)
-        return
-    need = f"{sizing.size(report.bytes)}{margin(report)} still to write ({how(report)})"
+        return None
+    report = checked.report
+    need = (
+        f"{sizing.size(report.bytes)}{margin(report)} still to write ({how(report, checked.kept)})"
+    )
     if report.disk is None:
         log.warning("space check skipped: free space of %s unknown", output)
     elif report.fits is False:
@@ -72,6 +81,7 @@ def check_space(
         )
     else:
         log.info("space: %s, %s free on %s", need, sizing.size(report.disk.free), report.disk.path)
+    return checked.keep
 
 
 def margin(report: PlanReport) -> str:
@@ -81,15 +91,17 @@ def margin(report: PlanReport) -> str:
     return f" ± {sizing.size(report.bound)} (95 %)" if report.sampled else ""
 
 
-def how(report: PlanReport) -> str:
-    """How the estimate was made, in words: every remaining row tokenized, or a sample."""
+def how(report: PlanReport, kept: bool = False) -> str:
+    """How the estimate was made, in words: every remaining row tokenized, or a sample;
+    ``kept``: tokenized by an earlier start (:mod:`eagle3d.run.keptrows`)."""
     left = sum(s.estimate.rows for s in report.in_scope)
+    when = " at an earlier start (kept beside the journal)" if kept else ""
     if report.sampled:
         return (
             f"estimated from a uniform random sample of {report.tokenized:,} of the {left:,}"
-            " rows still to do, tokenized"
+            f" rows still to do, tokenized{when}"
         )
-    return f"from every row: all {left:,} still to do, tokenized"
+    return f"from every row: all {left:,} still to do, tokenized{when}"
 
 
 def fits_at_most(
