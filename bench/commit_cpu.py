@@ -8,12 +8,13 @@ per byte is multiplied by ~1 GB/s per GPU (issue #32). This measures that cost a
   nothing), an h2048 model config (``--layers`` decoder layers, 3 captured), ``--samples``
   samples of ``--convs`` distinct conversations repeated, the output on ``--dir``'s disk,
   the dumps in /dev/shm; its CPU (user + system, every thread) from ``getrusage``;
-* **its fixed start**, as every resume pays it: the job is first run on its first row (a
-  first start: the tokenizer loaded by transformers and kept beside the journal), then
-  resumed on its first two rows (``--force-resume``: one sample more; imports, the kept
-  tokenizer, journal, the stop): that resume's CPU is the start; the measured run is the
-  resume on every row after it (start included). ``--fresh`` measures first starts instead
-  (a one-row job for the start, then the whole job on a fresh output);
+* **its fixed start**, as every resume pays it: the job is first started and killed once
+  its first batch of samples is journaled (``EAGLE3D_FAULT=kill:before_dump_removal:1``: a
+  first start, the tokenizer loaded by transformers, the space check's rows read, both kept
+  beside the journal), then resumed and killed the same way (imports, the kept tokenizer
+  and rows, the journal, the orphans of the kill, one batch): that resume's CPU is the
+  start; the measured run is the resume to the end (start included). ``--fresh`` measures
+  first starts instead (a one-row job for the start, then the whole job on a fresh output);
 * **the floor**: one ``memcpy`` of the committed bytes (numpy, in this process: the read of
   a dump the daemon cannot avoid) plus ``dd if=/dev/zero bs=16M oflag=direct conv=fsync``
   writing them to the same disk (``dd``'s user + system CPU);
@@ -155,6 +156,11 @@ class ThreadCpu:
         return by
 
 
+#: Kills the daemon once its first batch of samples is journaled (their dumps not yet
+#: removed): a start, and the least of a run, every sample of it on record.
+FIRST_BATCH = "kill:before_dump_removal:1"
+
+
 def run_daemon(
     model: Path,
     data: Path,
@@ -166,9 +172,11 @@ def run_daemon(
     extra: tuple[str, ...] = (),
     fresh: bool = True,
     env: dict[str, str] | None = None,
+    fault: str = "",
 ) -> dict[str, Any]:
-    """One ``eagle3d run`` (on a fresh output, or resuming the one there); its CPU, its
-    CPU by thread, what the output holds after it."""
+    """One ``eagle3d run`` (on a fresh output, or resuming the one there; ``fault``: its
+    ``EAGLE3D_FAULT``, a kill expected); its CPU, its CPU by thread, what the output holds
+    after it."""
     for stale in (out, Path(dumps)) if fresh else ():
         shutil.rmtree(stale, ignore_errors=True)
     os.sync()
@@ -199,13 +207,14 @@ def run_daemon(
     ]
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, env=env or ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    env = {**(env or ENV), **({"EAGLE3D_FAULT": fault} if fault else {})}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     threads_cpu = ThreadCpu(proc.pid) if wrap is None else None
     _, err = proc.communicate()
     wall = time.monotonic() - t0
     ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     by_thread = threads_cpu.stop() if threads_cpu is not None else {}
-    if proc.returncode != 0:
+    if proc.returncode != (137 if fault else 0):
         raise RuntimeError(f"eagle3d run failed ({proc.returncode}): {err.decode()[-3000:]}")
     nbytes = samples = 0
     for root, _dirs, files in os.walk(out):
@@ -343,7 +352,6 @@ def main() -> int:
         model = model_dir(base, a.hidden, a.layers)
         data = dataset(base / "data.jsonl", a.samples, a.convs, a.tokens)
         one = dataset(base / "one.jsonl", 1, 1, a.tokens)  # the first row of data.jsonl
-        two = dataset(base / "two.jsonl", 2, a.convs, a.tokens)  # its first two rows
         for r in range(a.rounds):
             for fmt, layout, pages in itertools.product(
                 a.formats.split(","), a.layouts.split(","), a.pages.split(",")
@@ -355,7 +363,7 @@ def main() -> int:
                 )
 
                 with output_disk(a, base, fmt) as disk:
-                    row = measure(a, model, data, one, two, shm, disk, fmt, layout, pages)
+                    row = measure(a, model, data, one, shm, disk, fmt, layout, pages)
                 results.setdefault(key, []).append(row)
                 report(key, r + 1, row)
         summary(results)
@@ -384,7 +392,6 @@ def measure(
     model: Path,
     data: Path,
     one: Path,
-    two: Path,
     shm: str,
     disk: Path,
     fmt: str,
@@ -400,20 +407,23 @@ def measure(
         fresh: bool = True,
         layout: str = layout,
         pages: str = pages,
+        fault: str = "",
     ) -> dict[str, Any]:
         out = disk / "out"
         env = {**ENV, "EAGLE3D_SYNTHETIC_LAYOUT": layout}
         if pages != "auto":
             env["EAGLE3D_SPLICE_PAGES"] = "1" if pages == "spliced" else "0"
-        return run_daemon(model, d, out, shm, fmt, a.threads, wrap, fresh=fresh, env=env)
+        return run_daemon(
+            model, d, out, shm, fmt, a.threads, wrap, fresh=fresh, env=env, fault=fault
+        )
 
     if a.fresh:
         first = start = run(d=one)
         full = run()
         nbytes = full["bytes"]
     else:
-        first = run(d=one)
-        start = run(d=two, fresh=False)
+        first = run(fault=FIRST_BATCH)
+        start = run(fresh=False, fault=FIRST_BATCH)
         full = run(fresh=False)
         nbytes = full["bytes"] - start["bytes"]
     copy = memcpy_cpu(nbytes)
@@ -459,7 +469,7 @@ def measure(
     if a.py_spy and shutil.which("py-spy"):
         svg = disk / f"py-spy-{fmt}.txt"
         spy = ["py-spy", "record", "--format", "raw", "--gil", "-t", "-r", "500"]
-        run(d=one)  # as measured: a resume after a one-row first run
+        run(fault=FIRST_BATCH)  # as measured: a resume after a first start
         run([*spy, "-o", str(svg), "--"], fresh=False)
         row["py_spy"] = top_frames(svg)
         if a.py_spy_keep:
