@@ -18,12 +18,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 #: Daemon CPU-seconds per sample file committed (every thread: the commit's calls, the main
-#: loop's ledger and journal, the dump watchers; h2048, 400-token bf16 and fp8 samples in the
-#: sample file's layout: 1.1-1.5 ms, fp8's as bf16's in 2 MiB pages).
-CPU_S_PER_FILE = 1.3e-3
-#: ... and per GB (a dump area in 4 KiB pages: the pages moved into the direct write,
-#: 0.10-0.13; in 2 MiB pages it is within the per-file part's noise).
-CPU_S_PER_GB = 0.12
+#: loop's ledger and journal, the feeder, the dump watcher), and per GB: fitted to resumes of
+#: h2048 fp8 samples of 400 and 800 tokens (3.3 and 6.6 MB) on a fresh journaled ext4, as a
+#: node's data disk is, beyond the start (``bench/commit_cpu.py --fresh-fs``, 2026-12-07:
+#: 0.39-0.45 and 0.25-0.31 CPU-s/GB, so 0.97 ms per file and 0.13 CPU-s/GB, the
+#: benchmark's producer's ~0.07 ms per file included).
+CPU_S_PER_FILE = 1.0e-3
+#: ... per GB: the pages moved into the direct write (a dump area in 4 KiB pages).
+CPU_S_PER_GB = 0.13
 
 
 @dataclass(frozen=True, slots=True)
