@@ -9,6 +9,9 @@ from __future__ import annotations
 import os
 import struct
 import zlib
+from typing import Protocol, TypeVar
+
+import msgspec
 
 HEAD = struct.Struct("<8sIQ")
 
@@ -34,6 +37,29 @@ def unseal(data: bytes, magic: bytes, seed: int) -> memoryview:
     return payload
 
 
+class Versioned(Protocol):
+    @property
+    def version(self) -> int: ...
+
+
+V = TypeVar("V", bound=Versioned)
+
+
+def open_struct(
+    data: bytes, magic: bytes, seed: int, decoder: msgspec.msgpack.Decoder[V], version: int
+) -> V:
+    """The msgpack struct sealed in ``data``, of ``version``; ValueError naming what is wrong
+    (:class:`Unsealed`, a payload that does not decode, another version)."""
+    payload = unseal(data, magic, seed)
+    try:
+        got = decoder.decode(payload)
+    except msgspec.DecodeError as e:
+        raise ValueError(f"it does not decode ({e})") from e
+    if got.version != version:
+        raise ValueError(f"version {got.version}, not {version}")
+    return got
+
+
 def write_atomic(path: str, data: bytes, mode: int = 0o640) -> None:
     """``data`` at ``path`` (temp file ``path.tmp``, fsync, rename, fsync the directory)."""
     tmp = path + ".tmp"
@@ -53,4 +79,4 @@ def write_atomic(path: str, data: bytes, mode: int = 0o640) -> None:
         os.close(dfd)
 
 
-__all__ = ["HEAD", "Unsealed", "seal", "unseal", "write_atomic"]
+__all__ = ["HEAD", "Unsealed", "Versioned", "open_struct", "seal", "unseal", "write_atomic"]

@@ -95,13 +95,7 @@ def encode(pin: Pin, fmt: str, max_line: int, lines: Lines) -> bytes:
 
 def decode(data: bytes) -> Cached:
     """The cache in ``data``; ValueError naming what is wrong with it."""
-    payload = sealed.unseal(data, MAGIC, _SEED)  # its Unsealed is a ValueError
-    try:
-        c = _decoder.decode(payload)
-    except msgspec.DecodeError as e:
-        raise ValueError(f"it does not decode ({e})") from e
-    if c.version != VERSION:
-        raise ValueError(f"version {c.version}, not {VERSION}")
+    c = sealed.open_struct(data, MAGIC, _SEED, _decoder, VERSION)
     if len(c.blocks) % _DIGEST or (c.starts is not None and len(c.starts) != 8 * c.rows):
         raise ValueError("its blocks or row offsets are the wrong length")
     return c

@@ -125,13 +125,7 @@ def encode(facts: TokenizerFacts, key_: str) -> bytes:
 
 def decode(data: bytes) -> Kept:
     """The kept tokenizer in ``data``; ValueError naming what is wrong with it."""
-    payload = sealed.unseal(data, MAGIC, _SEED)  # its Unsealed is a ValueError
-    try:
-        k = _decoder.decode(payload)
-    except msgspec.DecodeError as e:
-        raise ValueError(f"it does not decode ({e})") from e
-    if k.version != VERSION:
-        raise ValueError(f"version {k.version}, not {VERSION}")
+    k = sealed.open_struct(data, MAGIC, _SEED, _decoder, VERSION)
     return k
 
 

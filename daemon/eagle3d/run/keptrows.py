@@ -149,13 +149,7 @@ def encode(read: Read, key_: str, lines: int) -> bytes:
 
 def decode(data: bytes) -> Kept:
     """The kept rows in ``data``; ValueError naming what is wrong with them."""
-    payload = sealed.unseal(data, MAGIC, _SEED)  # its Unsealed is a ValueError
-    try:
-        k = _decoder.decode(payload)
-    except msgspec.DecodeError as e:
-        raise ValueError(f"it does not decode ({e})") from e
-    if k.version != VERSION:
-        raise ValueError(f"version {k.version}, not {VERSION}")
+    k = sealed.open_struct(data, MAGIC, _SEED, _decoder, VERSION)
     n = len(k.rows) // 8
     if len(k.rows) % 8 or (len(k.tokens), len(k.kinds), len(k.dropped)) != (4 * n, n, 4 * n):
         raise ValueError("its arrays are of different lengths")
