@@ -165,3 +165,22 @@ def test_a_refused_start_keeps_nothing(tiny_model_dir: Path, tmp_path: Path) -> 
     r = run(tiny_model_dir, data, out, "--max-length", "0", "--space-reserve", "100%")
     assert r.returncode == 10 and "the job does not fit" in r.stderr
     assert not out.exists() or not any(out.rglob(keptrows.NAME))
+
+
+def test_a_kept_file_of_another_version_or_shape_is_named_so(tmp_path: Path) -> None:
+    """The kept files' one way of opening (eagle3proto.sealed.open_struct): a sealed payload
+    that is not the struct, or of another version, is refused in words."""
+    import msgspec
+    from eagle3proto import sealed
+
+    read = _read([1, 2], [1, 2], complete=True)
+    good = keptrows.decode(keptrows.encode(read, KEY, 10))
+    later = msgspec.structs.replace(good, version=keptrows.VERSION + 1)
+    other = sealed.seal(keptrows.MAGIC, keptrows._SEED, msgspec.msgpack.encode(later))
+    with pytest.raises(ValueError, match=f"version {keptrows.VERSION + 1}, not 1"):
+        keptrows.decode(other)
+    garbled = sealed.seal(keptrows.MAGIC, keptrows._SEED, msgspec.msgpack.encode([1, 2]))
+    with pytest.raises(ValueError, match="it does not decode"):
+        keptrows.decode(garbled)
+    (tmp_path / keptrows.NAME).write_bytes(other)
+    assert keptrows.take(str(tmp_path), KEY, np.asarray([1]), 10) is None
