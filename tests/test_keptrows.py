@@ -110,7 +110,7 @@ def test_the_sampled_rows_still_to_do_are_taken_while_enough_remain(tmp_path: Pa
     lines = 50_000
     pool = list(range(0, lines, 2))  # the odd rows were settled before the first start
     rows = sorted(random.Random(0).sample(pool, 4_000))
-    keptrows.keep(str(tmp_path), _read(rows, pool, complete=False), KEY, lines)
+    keptrows.Keep(_read(rows, pool, complete=False), KEY, lines).save(str(tmp_path))
     rest = np.asarray(pool[len(pool) // 2 :])  # half the pool settled since, in order
     got = keptrows.take(str(tmp_path), KEY, rest, lines)
     assert got is not None
@@ -130,7 +130,7 @@ def test_the_sampled_rows_still_to_do_are_taken_while_enough_remain(tmp_path: Pa
 
 def test_a_pool_read_whole_stays_exact_however_few_rows_remain(tmp_path: Path) -> None:
     pool = list(range(3, 900))
-    keptrows.keep(str(tmp_path), _read(pool, pool, complete=True), KEY, 1_000)
+    keptrows.Keep(_read(pool, pool, complete=True), KEY, 1_000).save(str(tmp_path))
     got = keptrows.take(str(tmp_path), KEY, np.asarray(pool[-5:]), 1_000)
     assert got is not None and got[0] == pool[-5:] and not got[2]
 

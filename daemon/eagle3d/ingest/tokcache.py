@@ -125,8 +125,7 @@ def encode(facts: TokenizerFacts, key_: str) -> bytes:
 
 def decode(data: bytes) -> Kept:
     """The kept tokenizer in ``data``; ValueError naming what is wrong with it."""
-    k = sealed.open_struct(data, MAGIC, _SEED, _decoder, VERSION)
-    return k
+    return sealed.open_struct(data, MAGIC, _SEED, _decoder, VERSION)
 
 
 def load(jdirs: Sequence[str], model: str) -> TokenizerFacts | None:

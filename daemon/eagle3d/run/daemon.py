@@ -81,7 +81,7 @@ from eagle3d.run.stages import StartStages, StartStopped
 from eagle3d.serve.notify import Notifier, WatchdogPolicy
 
 if TYPE_CHECKING:
-    from eagle3d.run.estimate import Keep
+    from eagle3d.run.keptrows import Keep
     from eagle3d.serve.beacon import StartBeacon
     from eagle3d.serve.server import EventServer
 

@@ -274,20 +274,8 @@ class Checked:
     an earlier start read."""
 
     report: PlanReport
-    keep: Keep | None
+    keep: keptrows.Keep | None
     kept: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Keep:
-    """Rows a start read, to keep in its journal directory (:mod:`eagle3d.run.keptrows`)."""
-
-    read: keptrows.Read
-    key: str
-    lines: int
-
-    def save(self, jdir: str) -> None:
-        keptrows.keep(jdir, self.read, self.key, self.lines)
 
 
 def check_run(
@@ -325,7 +313,7 @@ def check_run(
     report = plan_report(cfg, facts, output, found, len(facts.blank), shard, t0)
     if found.read is None:  # taken as kept
         return Checked(report, None, True)
-    return Checked(report, Keep(found.read, key, facts.lines), False)
+    return Checked(report, keptrows.Keep(found.read, key, facts.lines), False)
 
 
 def plan_report(
@@ -339,12 +327,7 @@ def plan_report(
 ) -> PlanReport:
     """The report of an :func:`estimate`, with the output filesystem's free space read now
     (a failure to read it is a problem the report names, not an error: fits is then unknown)."""
-    plans, tokenized, sampled, per_token = (
-        found.plans,
-        found.tokenized,
-        found.sampled,
-        found.per_token,
-    )
+    plans = found.plans
     problems = []
     try:
         disk: sizing.Disk | None = sizing.free_space(output)
@@ -360,18 +343,18 @@ def plan_report(
         max_length=cfg.max_length,
         rows=facts.lines,
         blank=blank,
-        tokenized=tokenized,
-        sampled=sampled,
+        tokenized=found.tokenized,
+        sampled=found.sampled,
         seconds=time.monotonic() - t0,
         shards=plans,
         scope=scope,
         disk=disk,
         reserve=sizing.parse_size(cfg.space_reserve, disk.total if disk else 0),
-        bytes_per_token=per_token,
+        bytes_per_token=found.per_token,
         problems=problems,
         max_failed_fraction=cfg.max_failed_fraction,
         commit=pace.estimate(
-            _cpus(), cfg.commit_thread_count(_cpus()), per_token, _bytes_per_sample(plans)
+            _cpus(), cfg.commit_thread_count(_cpus()), found.per_token, _bytes_per_sample(plans)
         ),
     )
 
@@ -393,7 +376,6 @@ def _cpus() -> int:
 __all__ = [
     "Checked",
     "Estimated",
-    "Keep",
     "PlanReport",
     "ShardPlan",
     "check_run",

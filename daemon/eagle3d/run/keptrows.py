@@ -211,13 +211,21 @@ def _usable(data: bytes, key_: str, pending: Any, lines: int) -> tuple[str, Take
     return "", ([int(r) for r in rows[at]], found, not k.complete)
 
 
-def keep(jdir: str, read: Read, key_: str, lines: int) -> None:
-    """Keep ``read`` in ``jdir`` (once the start is accepted); a failure to write only costs
-    the next start the read."""
-    try:
-        sealed.write_atomic(path_in(jdir), encode(read, key_, lines))
-    except OSError as e:
-        log.warning("the space check's rows were not kept in %s (%s)", jdir, e.strerror)
+@dataclass(frozen=True, slots=True)
+class Keep:
+    """Rows a start read, with their key and the dataset's row count: what the daemon keeps
+    in the journal directory once the start is accepted."""
+
+    read: Read
+    key: str
+    lines: int
+
+    def save(self, jdir: str) -> None:
+        """Keep the rows in ``jdir``; a failure to write only costs the next start the read."""
+        try:
+            sealed.write_atomic(path_in(jdir), encode(self.read, self.key, self.lines))
+        except OSError as e:
+            log.warning("the space check's rows were not kept in %s (%s)", jdir, e.strerror)
 
 
-__all__ = ["MIN_ROWS", "NAME", "Found", "Kept", "Read", "Taken", "keep", "key", "path_in", "take"]
+__all__ = ["MIN_ROWS", "NAME", "Found", "Keep", "Kept", "Read", "Taken", "key", "path_in", "take"]

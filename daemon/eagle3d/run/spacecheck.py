@@ -14,7 +14,6 @@ the job's. The log line and the refusal say which, and a sample's 95 % margin.""
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from eagle3proto.paths import Shard
 
@@ -22,11 +21,9 @@ from eagle3d import config
 from eagle3d.core.sample import PENDING
 from eagle3d.exitcodes import EXIT_SPACE, Fatal
 from eagle3d.run import job
+from eagle3d.run.keptrows import Keep
 from eagle3d.run.planreport import PlanReport
 from eagle3d.run.stages import StartStages, StartStopped
-
-if TYPE_CHECKING:  # the estimate's imports load at the check, not with the daemon
-    from eagle3d.run.estimate import Keep
 
 log = logging.getLogger("eagle3d")
 
