@@ -473,6 +473,7 @@ def measure(
         run([*spy, "-o", str(svg), "--"], fresh=False)
         row["py_spy"] = top_frames(svg)
         if a.py_spy_keep:
+            Path(a.py_spy_keep).mkdir(parents=True, exist_ok=True)
             shutil.copy(svg, Path(a.py_spy_keep) / svg.name)
     return row
 

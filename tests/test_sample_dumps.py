@@ -1,12 +1,14 @@
 """Dumps in the sample file's layout (``eagle3-dump-v2``, issue #32): the producer writes the
 sample file but for its loss mask, with its records' CRC-32 and the finite check made where
-the states are; the commit maps it, checks the ids, writes the mask and the CRC fields into
-its private pages and writes it out from the mapping, never reading the states. What it
+the states are; the commit reads all but its states into its buffer (or maps it), checks
+the ids, writes the mask and the CRC fields there and writes the file with the states'
+pages spliced from the dump (or from the mapping), never reading the states. What it
 commits is what a v1 dump of the same tensors gives, and anything wrong with a v2 dump is
 worded by the general path as for a v1 dump."""
 
 from __future__ import annotations
 
+import mmap
 import os
 import struct
 from pathlib import Path
@@ -70,6 +72,8 @@ def test_a_v2_dump_commits_the_file_a_v1_dump_gives_without_reading_its_states(
     before = splice.SEAM.snapshot()
     with monkeypatch.context() as m:
         _no_cpu_pass(m)
+        if pages == "spliced":  # laid out in the thread's buffer: the dump is never mapped
+            m.setattr(splice, "mmap", _Unmappable)
         r2 = _commit(tmp_path / "two", v2, t, store, spliced=pages == "spliced")
     assert isinstance(r1, Committed) and isinstance(r2, Committed), (r1, r2)
     after = splice.SEAM.snapshot()
@@ -92,6 +96,16 @@ def test_a_v2_dump_commits_the_file_a_v1_dump_gives_without_reading_its_states(
     assert torch.equal(got["hidden_state"][0], hid) and torch.equal(got["aux_hidden_state"][0], aux)
     assert got["loss_mask"].tolist() == [k % 2 for k in range(t)]
     assert Path(v2).read_bytes()[-TRAILER:].startswith(b"E3D2")  # the dump itself untouched
+
+
+class _Unmappable:
+    """The mmap module as the splice sees it, failing the test on a mapping."""
+
+    MAP_PRIVATE, PROT_READ, PROT_WRITE = mmap.MAP_PRIVATE, mmap.PROT_READ, mmap.PROT_WRITE
+
+    @staticmethod
+    def mmap(*_: Any, **__: Any) -> Any:
+        raise AssertionError("the dump was mapped")
 
 
 def _masked(raw: bytes, skip: list[tuple[int, int]]) -> bytes:
@@ -326,7 +340,7 @@ def test_a_dump_that_cannot_be_mapped_is_read_instead(
 
     path, _aux, hid = _v2(tmp_path)
     monkeypatch.setattr(splice, "mmap", NoMapping)
-    r = _commit(tmp_path / "out", path, 16, BF16)
+    r = _commit(tmp_path / "out", path, 16, BF16, spliced=False)
     assert isinstance(r, Committed), r
     got = torch.load(tmp_path / "out" / r.relpath, weights_only=True)
     assert torch.equal(got["hidden_state"][0], hid)

@@ -3,11 +3,14 @@ back (either layout), and the errors that say what is wrong with one."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import struct
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+import msgspec
 
 from eagle3d.remote import samplefile
 from eagle3d.remote.dumpfile import (
@@ -114,10 +117,31 @@ class Trailer:
 
     def plan(self) -> samplefile.Plan:
         """The archive's layout, from the trailer alone."""
-        n = len(self.layer_ids)
-        if self.scaled:
-            return samplefile.plan(samplefile.fp8_spec(self.tokens, self.hidden, n))
-        return samplefile.plan(samplefile.states_spec(self.tokens, self.hidden, n, self.dtype))
+        return _plan(self.tokens, self.hidden, self.layers, self.dtype)
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(tokens: int, hidden: int, layers: str, dtype: str) -> samplefile.Plan:
+    n = len([x for x in layers.split(",") if x])
+    if dtype == "float8_e4m3fn":
+        return samplefile.plan(samplefile.fp8_spec(tokens, hidden, n))
+    return samplefile.plan(samplefile.states_spec(tokens, hidden, n, dtype))
+
+
+class _TrailerMeta(msgspec.Struct, frozen=True):
+    """A v2 dump's trailer as :func:`eagle3d.remote.dumpfile.trailer` writes it (fields
+    beyond these are ignored)."""
+
+    rid: str
+    layers: str
+    dtype: str
+    tokens: int
+    hidden: int
+    finite: bool
+    format: str | None = None
+
+
+_decode_trailer = msgspec.json.Decoder(_TrailerMeta).decode
 
 
 def is_sample_dump(fd: int) -> bool:
@@ -133,21 +157,13 @@ def read_trailer(fd: int) -> Trailer:
     if not raw.startswith(TRAILER_MAGIC) or len(raw) != TRAILER:
         raise BadDump(f"truncated: {size} bytes and no trailer")
     try:
-        meta = json.loads(raw[len(TRAILER_MAGIC) :])
-        form = meta.get("format")
-        t = Trailer(
-            str(meta["rid"]),
-            str(meta["layers"]),
-            str(meta["dtype"]),
-            int(meta["tokens"]),
-            int(meta["hidden"]),
-            meta["finite"] is True,
-        )
+        meta = _decode_trailer(memoryview(raw)[len(TRAILER_MAGIC) :])
+        t = Trailer(meta.rid, meta.layers, meta.dtype, meta.tokens, meta.hidden, meta.finite)
         n_layers = len(t.layer_ids)
-    except (ValueError, TypeError, KeyError, AttributeError) as e:
+    except (msgspec.DecodeError, ValueError) as e:
         raise BadDump(f"garbled trailer ({type(e).__name__}: {e})") from e
-    if form != FORMAT_SAMPLE:
-        raise BadDump(f"format {form!r}, want {FORMAT_SAMPLE}")
+    if meta.format != FORMAT_SAMPLE:
+        raise BadDump(f"format {meta.format!r}, want {FORMAT_SAMPLE}")
     if t.dtype not in SAMPLE_DTYPES or min(t.tokens, t.hidden, n_layers) < 1:
         raise BadDump(
             f"a trailer of {t.tokens} tokens, hidden {t.hidden} {t.dtype}, layers {t.layers!r}"

@@ -49,7 +49,9 @@ _LIMIT = 0xFFFFFFFF - (1 << 20)  # zip32 offsets and sizes, less room for header
 _LOCAL = struct.Struct("<IHHHHHIIIHH")
 _CENTRAL = struct.Struct("<IHHHHHHIIIHHHHHII")
 _END = struct.Struct("<IHHHHIIH")
-_COMBINE_MIN = 4096
+#: Records from this size up have their CRC-32 combined into the file's, not recomputed
+#: (where zlib's ``crc32_combine`` loads: :func:`combines`).
+COMBINE_MIN = 4096
 #: Files end on a whole block (see the docstring): the ``O_DIRECT`` unit.
 BLOCK = 4096
 
@@ -227,6 +229,12 @@ def _crc32_combine() -> Any:
     return None  # pragma: no cover - no shared zlib: a second pass over the data instead
 
 
+def combines() -> bool:
+    """Whether :func:`seal` combines large records' known CRC-32 into the file's instead
+    of reading their bytes again."""
+    return _crc32_combine() is not None
+
+
 class _Hole:
     """Stands for a record's data in a :class:`Plan`: its size, without the bytes."""
 
@@ -254,7 +262,7 @@ class _Archive:
             self.pos += n
             return
         # Combining costs a ctypes call; a short record is cheaper to checksum again.
-        combine = _crc32_combine() if crc is not None and n >= _COMBINE_MIN else None
+        combine = _crc32_combine() if crc is not None and n >= COMBINE_MIN else None
         if combine is None:
             self.crc = crc32(data, self.crc)
         else:
@@ -423,7 +431,7 @@ def seal(p: Plan, mv: memoryview, known: dict[int, int] | None = None) -> Writte
     combine = _crc32_combine()
     total = 0
     for off, n, k in p.runs:
-        if k < 0 or combine is None or n < _COMBINE_MIN:
+        if k < 0 or combine is None or n < COMBINE_MIN:
             total = crc32(mv[off : off + n], total)
         else:
             total = combine(total, crcs[k], n)

@@ -284,6 +284,7 @@ class Committer:
                 self._buffer(),
                 DIRECT_MAX,
                 self.store,
+                sparse=self.direct and self.splice_pages,
             )
         if staged is None:  # not the usual kind, or bad: the general path says why
             dump = self._stored(read_dump(path))
@@ -293,6 +294,7 @@ class Committer:
 
         def write(fd: int, direct: bool) -> tuple[int, str]:
             if not (direct and self._spliced(fd, staged, size)):
+                staged.complete()  # a sparse view: its states read in, to write them
                 self._flush(fd, staged.view, size, direct)
             return size, f"crc32:{staged.written.crc:08x}"
 

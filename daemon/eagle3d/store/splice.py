@@ -23,10 +23,13 @@ scale per row into the scale tensor's slot), and the finite check runs on the sc
 NaN or an Inf anywhere in a row makes its scale NaN or infinite.
 
 A v2 dump (:mod:`eagle3d.remote.dumpfile`) is the sample file already, but for its loss
-mask: it is mapped privately instead, its ids checked, the mask and the CRC fields put in
-copies of a few of its pages, and it is written out straight from the mapping
-(:func:`_stage_mapped`); its states never pass through this CPU. One in another dtype than
-stored is read as a v1 dump is (its trailer gives the same byte ranges).
+mask: all of it but its large states is read into the commit thread's buffer (a few KiB),
+its ids checked, the mask and the CRC fields put there, and the file is written from the
+buffer with the states' blocks spliced from the dump between (:func:`_stage_mapped`); its
+states never pass through this CPU. Where the caller writes from memory instead (2 MiB
+pages in the dump area, no direct I/O), the dump is mapped privately and those few pages
+copied on write. One in another dtype than stored is read as a v1 dump is (its trailer
+gives the same byte ranges).
 
 Anything unusual (another dtype, a garbled header, a failed check) makes :func:`stage`
 return None: the caller then takes the general path, which reads the dump with safetensors
@@ -36,6 +39,7 @@ and words the error. The fast path never has to describe a bad dump.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import math
 import mmap
@@ -119,6 +123,17 @@ class Staged:
     source: int = -1
     #: The block-aligned ranges of the view that differ from the dump (its headers, mask).
     copied: tuple[tuple[int, int], ...] = ()
+    #: The ranges of the view never read from ``source`` (its large states): a view in the
+    #: commit thread's buffer that a splice fills from the dump, or :meth:`complete` reads.
+    holes: tuple[tuple[int, int], ...] = ()
+
+    def complete(self) -> None:
+        """Read the :attr:`holes` from the dump, so that the view holds the whole file
+        (where it is written from the view instead of spliced)."""
+        for begin, end in self.holes:
+            part = self.view[begin:end]
+            if os.preadv(self.source, [part], begin) != len(part):
+                raise OSError(errno.EIO, f"the dump ends before {end}")
 
     def close(self) -> None:
         """Unmap a v2 dump's mapping (at once, not when the last view is collected) and
@@ -140,17 +155,25 @@ def stage(
     buf: DirectBuffer,
     limit: int,
     store: StoreFormat | None = None,
+    sparse: bool = False,
 ) -> Staged | None:
     """Build the sample archive of the dump at ``path`` in ``buf``, checked against what
     was sent, its states in ``store`` (None: as dumped); None when the dump needs the
     general path (see the module's docstring), or when the archive would exceed ``limit``
     bytes. Raises DumpVanished if the file is gone.
+
+    ``sparse``: a v2 dump's archive is laid out in ``buf`` but for its large states, which
+    the caller splices from :attr:`Staged.source` (or reads by :meth:`Staged.complete`),
+    instead of a private mapping of the dump.
     """
     fd = open_dump(path)
     try:
         if is_sample_dump(fd):
             tr = read_trailer(fd)
-            staged = _stage_mapped(fd, tr, sent_ids, loss_mask, hidden_size, layers, limit, store)
+            where = buf if sparse else None
+            staged = _stage_mapped(
+                fd, tr, sent_ids, loss_mask, hidden_size, layers, limit, store, where
+            )
             if staged is not None:
                 return staged
             h = tr.header()  # another dtype than stored (or a failed check): read as v1's
@@ -222,9 +245,11 @@ def _stage_mapped(
     layers: list[int],
     limit: int,
     store: StoreFormat | None,
+    buf: DirectBuffer | None = None,
 ) -> Staged | None:
     """:func:`stage` for a v2 dump (:mod:`eagle3d.remote.dumpfile`), which is the sample
-    file already, but for its loss mask and serialization id: mapped privately, its ids
+    file already, but for its loss mask and serialization id: mapped privately (or, with
+    ``buf``, all but its large states read into ``buf``: :func:`_sparse_view`), its ids
     checked against what was sent, the archive's headers laid over it again (copied on
     write: a few pages), the mask written into its slot, the records' CRC-32 fields and
     the file's CRC-32 made from the producer's CRCs of the states (read from the headers
@@ -242,12 +267,20 @@ def _stage_mapped(
     plan = tr.plan()
     if plan.total > limit:
         return None
-    try:
-        m = mmap.mmap(fd, plan.total, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-    except OSError:  # no room for the mapping (ENOMEM), a filesystem without it: read it
-        return None
-    view = memoryview(m)
-    staged = Staged(view, ckpt.Written(0, 0), m)
+    sparse = _sparse(plan) if buf is not None else None
+    if buf is not None and sparse is not None:
+        staged = _sparse_view(fd, plan, buf, sparse)
+        if staged is None:
+            return None
+    else:
+        try:
+            m = mmap.mmap(
+                fd, plan.total, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE
+            )
+        except OSError:  # no room for the mapping (ENOMEM), a filesystem without it: read it
+            return None
+        staged = Staged(memoryview(m), ckpt.Written(0, 0), m)
+    view = staged.view
     try:
         (ids_at, n_ids), (mask_at, n_mask), *states = plan.slots
         ids_ok = view[ids_at : ids_at + n_ids] == memoryview(array("q", sent_ids)).cast("B")
@@ -266,13 +299,55 @@ def _stage_mapped(
         view[mask_at : mask_at + n_mask] = memoryview(array("q", loss_mask)).cast("B")
         SEAM.add("as_is", 2)
         written = ckpt.seal(plan, view, known)
+        if sparse is not None:
+            return Staged(view, written, None, staged.source, sparse[0], sparse[1])
         copied = _changed_blocks(plan)
         if copied is None:  # not in whole blocks: written from the mapping
-            return Staged(view, written, m)
-        return Staged(view, written, m, os.dup(fd), copied)
+            return Staged(view, written, staged.mapping)
+        return Staged(view, written, staged.mapping, os.dup(fd), copied)
     except BaseException:
         staged.close()
         raise
+
+
+def _sparse_view(
+    fd: int, plan: ckpt.Plan, buf: DirectBuffer, sparse: tuple[_Ranges, _Ranges]
+) -> Staged | None:
+    """The dump's archive in ``buf`` but for its holes (``sparse``: what
+    :func:`_sparse` gives), read there (a few KiB); None on a short read."""
+    view = buf.view(plan.total)[: plan.total]
+    copied, holes = sparse
+    pos = 0
+    for begin, end in (*holes, (plan.total, plan.total)):
+        if pos < begin and os.preadv(fd, [view[pos:begin]], pos) != begin - pos:
+            return None
+        pos = end
+    return Staged(view, ckpt.Written(0, 0), None, os.dup(fd), copied, holes)
+
+
+_Ranges = tuple[tuple[int, int], ...]
+
+
+@functools.lru_cache(maxsize=256)
+def _sparse(plan: ckpt.Plan) -> tuple[_Ranges, _Ranges] | None:
+    """(the blocks a commit writes from its buffer, the holes it splices) for a v2 dump
+    staged sparsely: the holes are the whole blocks inside the states' slots whose CRC-32
+    the producer wrote (:func:`ckpt.seal` never reads them: none where zlib's
+    ``crc32_combine`` is missing), everything else is read and written from the buffer.
+    None for an archive that does not end on a block boundary (the caller maps it)."""
+    if plan.total % BLOCK:
+        return None
+    holes = []
+    for off, n, _local, _central in plan.variable[2:-1]:  # the states (and fp8's scales)
+        begin, end = -(-off // BLOCK) * BLOCK, (off + n) // BLOCK * BLOCK
+        if n >= ckpt.COMBINE_MIN and begin < end and ckpt.combines():
+            holes.append((begin, end))
+    copied, pos = [], 0
+    for begin, end in (*holes, (plan.total, plan.total)):
+        if pos < begin:
+            copied.append((pos, begin))
+        pos = end
+    return tuple(copied), tuple(holes)
 
 
 @functools.lru_cache(maxsize=256)
@@ -301,20 +376,27 @@ def _same_layout(plan: ckpt.Plan, view: memoryview) -> bool:
     for what changes from file to file (the records' CRC-32 fields, the serialization
     id): a few KiB compared, so that a dump laid out otherwise is never taken slot by
     slot."""
-    for off, data in plan.gaps:
+    for off, data, fields in _gap_fields(plan):
         got = bytearray(view[off : off + len(data)])
-        end = off + len(data)
-        for _, _, local, central in plan.variable:
-            for field in (local, central):
-                if off <= field < end:
-                    got[field - off : field - off + 4] = data[field - off : field - off + 4]
-        if off <= plan.serial < end:
-            got[plan.serial - off : plan.serial - off + 40] = data[
-                plan.serial - off : plan.serial - off + 40
-            ]
+        for begin, end in fields:
+            got[begin:end] = data[begin:end]
         if got != data:
             return False
     return True
+
+
+@functools.lru_cache(maxsize=256)
+def _gap_fields(plan: ckpt.Plan) -> tuple[tuple[int, bytes, tuple[tuple[int, int], ...]], ...]:
+    """``plan``'s gaps, each with the ranges within it (from the gap's start) that change
+    from file to file: the records' CRC-32 fields and the serialization id."""
+    out = []
+    for off, data in plan.gaps:
+        end = off + len(data)
+        fields = [(f, f + 4) for _, _, *crcs in plan.variable for f in crcs]
+        fields.append((plan.serial, plan.serial + 40))
+        mine = tuple((b - off, e - off) for b, e in fields if off <= b < end)
+        out.append((off, data, mine))
+    return tuple(out)
 
 
 def _stage_scaled(
