@@ -251,7 +251,7 @@ class ChatEncoder:
     def encode(self, sample: Sample) -> Tokenized:
         """Token ids and loss mask for one sample, or :class:`BadSample`."""
         if isinstance(sample, PreTokenized):
-            if any(i >= self.vocab_size for i in sample.input_ids):
+            if max(sample.input_ids, default=0) >= self.vocab_size:
                 raise BadSample(
                     sample.idx, "bad_token_id", f"token id >= vocabulary size {self.vocab_size}"
                 )

@@ -279,10 +279,17 @@ def _content(idx: int, n: int, key: str, content: Any) -> str:
 def _int_list(idx: int, key: str, v: Any) -> list[int]:
     if not isinstance(v, list):
         raise BadSample(idx, "bad_type", f"'{key}' must be an array of integers, got {_tname(v)}")
-    for i, x in enumerate(v):
-        if type(x) is not int:  # bool is an int subclass: reject true/false too
-            raise BadSample(idx, "bad_type", f"'{key}'[{i}] must be an integer, got {_tname(x)}")
+    if v and set(map(type, v)) != _INT:  # one pass in C; the first bad one found for the words
+        for i, x in enumerate(v):
+            if type(x) is not int:  # bool is an int subclass: reject true/false too
+                raise BadSample(
+                    idx, "bad_type", f"'{key}'[{i}] must be an integer, got {_tname(x)}"
+                )
     return v
+
+
+_INT = {int}
+_BITS = {0, 1}
 
 
 def _pretokenized(idx: int, obj: dict[str, Any]) -> PreTokenized:
@@ -299,8 +306,8 @@ def _pretokenized(idx: int, obj: dict[str, Any]) -> PreTokenized:
             "length_mismatch",
             f"'input_ids' has {len(ids)} tokens but 'loss_mask' has {len(mask)}",
         )
-    if any(x < 0 for x in ids):
+    if min(ids) < 0:
         raise BadSample(idx, "bad_type", "'input_ids' has a negative id")
-    if any(x not in (0, 1) for x in mask):
+    if not _BITS.issuperset(mask):
         raise BadSample(idx, "bad_type", "'loss_mask' values must be 0 or 1")
     return PreTokenized(idx, ids, mask)
