@@ -117,6 +117,9 @@ MALFORMED = [
     (b'{"input_ids": ["1"], "loss_mask": [1]}', "bad_type", "'input_ids'[0] must be an integer"),
     (b'{"input_ids": [1], "loss_mask": [true]}', "bad_type", "'loss_mask'[0] must be an integer"),
     (b'{"input_ids": [1], "loss_mask": [2]}', "bad_type", "0 or 1"),
+    (b'{"input_ids": [4, 2, 3.5, 1], "loss_mask": [1, 1, 1, 1]}', "bad_type", "'input_ids'[2]"),
+    (b'{"input_ids": [4, 2], "loss_mask": [1, false]}', "bad_type", "'loss_mask'[1] must be"),
+    (b'{"input_ids": [4, 2], "loss_mask": [0, -1]}', "bad_type", "0 or 1"),
     (b'{"input_ids": [-1], "loss_mask": [1]}', "bad_type", "negative"),
     (b'{"input_ids": 5, "loss_mask": [1]}', "bad_type", "array of integers"),
 ]
