@@ -20,10 +20,11 @@ from dataclasses import dataclass
 #: Daemon CPU-seconds per sample file committed (every thread: the commit's calls, the main
 #: loop's ledger and journal, the feeder, the dump watcher), and per GB: fitted to resumes of
 #: h2048 fp8 samples of 400 and 800 tokens (3.3 and 6.6 MB) on a fresh journaled ext4, as a
-#: node's data disk is, beyond the start (``bench/commit_cpu.py --fresh-fs``, 2026-12-07:
-#: 0.39-0.45 and 0.25-0.31 CPU-s/GB, so 0.97 ms per file and 0.13 CPU-s/GB, the
-#: benchmark's producer's ~0.07 ms per file included).
-CPU_S_PER_FILE = 1.0e-3
+#: node's data disk is, beyond the start (``bench/commit_cpu.py --fresh-fs``, 2026-12-07,
+#: with a v2 dump staged in the commit thread's buffer: 0.32-0.40 and 0.23-0.27 CPU-s/GB,
+#: so 0.82 ms per file and 0.13 CPU-s/GB, the benchmark's producer's ~0.07 ms per file
+#: included).
+CPU_S_PER_FILE = 0.85e-3
 #: ... per GB: the pages moved into the direct write (a dump area in 4 KiB pages).
 CPU_S_PER_GB = 0.13
 
@@ -43,7 +44,7 @@ class CommitPace:
         return (
             f"commits: {self.threads} thread(s) on {self.cpus} CPU(s) hold about "
             f"{self.bytes_per_s / 1e9:.1f} GB/s ({self.tokens_per_s:,.0f} tokens/s) of CPU "
-            f"at {self.cpu_s_per_gb:.2f} CPU-s per GB committed ({CPU_S_PER_FILE * 1e3:.1f} ms "
+            f"at {self.cpu_s_per_gb:.2f} CPU-s per GB committed ({CPU_S_PER_FILE * 1e3:.2f} ms "
             f"per sample file + {CPU_S_PER_GB:.2f} CPU-s per GB, samples of "
             f"{self.bytes_per_sample / 1e6:,.1f} MB); the disk's own rate is apart"
         )
