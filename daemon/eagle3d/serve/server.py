@@ -48,7 +48,7 @@ MAX_CLIENT_FRAME = 64 << 10
 @dataclass(eq=False)
 class _Subscriber:
     writer: asyncio.StreamWriter
-    queue: asyncio.Queue[tuple[int, bytes] | None]
+    queue: asyncio.Queue[tuple[int, _Frame] | None]
     next_seq: int = 0  # the next record seq this subscriber needs
     resync: bool = False
     resyncs: deque[float] = field(default_factory=deque)
@@ -100,7 +100,7 @@ class EventServer:
         self.max_resyncs = max_resyncs
         self.max_catchup = max_catchup
         self.clock = clock
-        self._tail: deque[tuple[int, bytes]] = deque(maxlen=tail_size)
+        self._tail: deque[tuple[int, _Frame]] = deque(maxlen=tail_size)
         self._last_seq = -1  # newest published seq
         self._subs: set[_Subscriber] = set()
         self._server: asyncio.Server | None = None
@@ -154,8 +154,7 @@ class EventServer:
         """Hand one journal record to every subscriber. Never blocks, never raises."""
         if event.seq <= self._last_seq:
             return  # a duplicate (e.g. published twice during shutdown): ignore
-        frame = encode_frame(ev.encode(event))
-        item = (event.seq, frame)
+        item = (event.seq, _Frame(event))
         self._last_seq = event.seq
         self._tail.append(item)
         for sub in self._subs:
@@ -337,7 +336,7 @@ class EventServer:
                     continue
                 if seq > sub.next_seq:
                     await self._fill(sub, seq - 1)
-                writer.write(frame)
+                writer.write(frame.data)
                 sub.next_seq = seq + 1
             await asyncio.wait_for(writer.drain(), self.write_timeout)
             await asyncio.sleep(0)  # drain() may not yield (cpython gh-75279)
@@ -351,9 +350,9 @@ class EventServer:
             frames = await asyncio.to_thread(
                 read_frames, self.journal_dir, sub.next_seq, min(upto, tail_first - 1)
             )
-            for seq, frame in frames:
+            for seq, raw in frames:
                 if seq == sub.next_seq:
-                    sub.writer.write(frame)
+                    sub.writer.write(raw)
                     sub.next_seq = seq + 1
             if sub.next_seq < tail_first:
                 # The journal does not have them (yet): the snapshot covers state; skip ahead.
@@ -362,15 +361,32 @@ class EventServer:
             if seq > upto:
                 break
             if seq == sub.next_seq:
-                sub.writer.write(frame)
+                sub.writer.write(frame.data)
                 sub.next_seq = seq + 1
+
+
+class _Frame:
+    """A journal record's frame on the wire, encoded when a subscriber first needs it (most
+    records reach none: the daemon publishes every record it journals)."""
+
+    __slots__ = ("_data", "event")
+
+    def __init__(self, event: ev.Event) -> None:
+        self.event = event
+        self._data: bytes | None = None
+
+    @property
+    def data(self) -> bytes:
+        if self._data is None:
+            self._data = encode_frame(ev.encode(self.event))
+        return self._data
 
 
 def _closing_badly(sub: _Subscriber | None) -> bool:
     return sub is not None and ("dropped" in sub.closing or "protocol" in sub.closing)
 
 
-def _clear(q: asyncio.Queue[tuple[int, bytes] | None]) -> None:
+def _clear(q: asyncio.Queue[tuple[int, _Frame] | None]) -> None:
     while True:
         try:
             q.get_nowait()
