@@ -171,6 +171,24 @@ def test_a_v2_dump_of_other_ids_is_refused_in_words(tmp_path: Path) -> None:
     assert isinstance(r, BadDump) and "ids" in str(r), r
 
 
+@pytest.mark.parametrize("pages", ["spliced", "mapped"])
+def test_every_dump_descriptor_is_closed_whatever_the_verdict(pages: str, tmp_path: Path) -> None:
+    """The staged dump's descriptor goes with what is written (the splice's source) and is
+    closed with it; a dump refused by the fast path's checks closes it at once."""
+    t = 3000
+    good, *_ = _v2(tmp_path, t=t, rid="good")
+    c = Committer(str(tmp_path / "out"), store=BF16, splice_pages=pages == "spliced")
+    ids = list(range(t))
+    (r,) = c.commit_files([(0, ids, [1] * t, good)], H, LAYERS)  # its pipe and row folder
+    assert isinstance(r, Committed), r
+    fds = len(os.listdir("/proc/self/fd"))
+    for k in range(1, 21):
+        sent = ids if k % 2 else [7] * t  # every other one: ids the dump does not hold
+        (r,) = c.commit_files([(k, sent, [1] * t, good)], H, LAYERS)
+        assert isinstance(r, Committed if k % 2 else BadDump), r
+    assert len(os.listdir("/proc/self/fd")) == fds
+
+
 def test_a_v2_dump_of_other_layers_breaks_the_contract(tmp_path: Path) -> None:
     aux, hid = _states(16)
     path = write_dump(str(tmp_path), "l", torch.arange(16), aux, hid, [1, 2, 3])

@@ -167,6 +167,7 @@ def stage(
     instead of a private mapping of the dump.
     """
     fd = open_dump(path)
+    handed = False  # the descriptor went with a Staged (its close() closes it)
     try:
         if is_sample_dump(fd):
             tr = read_trailer(fd)
@@ -175,6 +176,7 @@ def stage(
                 fd, tr, sent_ids, loss_mask, hidden_size, layers, limit, store, where
             )
             if staged is not None:
+                handed = staged.source == fd
                 return staged
             h = tr.header()  # another dtype than stored (or a failed check): read as v1's
         else:
@@ -222,7 +224,8 @@ def stage(
     except BadDump:  # a garbled header: the general path words it
         return None
     finally:
-        os.close(fd)
+        if not handed:
+            os.close(fd)
 
 
 def warm_up(store: StoreFormat | None) -> None:
@@ -269,7 +272,7 @@ def _stage_mapped(
         return None
     sparse = _sparse(plan) if buf is not None else None
     if buf is not None and sparse is not None:
-        staged = _sparse_view(fd, plan, buf, sparse)
+        staged = _sparse_view(fd, plan, buf, sparse[1])
         if staged is None:
             return None
     else:
@@ -299,30 +302,29 @@ def _stage_mapped(
         view[mask_at : mask_at + n_mask] = memoryview(array("q", loss_mask)).cast("B")
         SEAM.add("as_is", 2)
         written = ckpt.seal(plan, view, known)
+        # The caller's descriptor goes with the Staged from here (stage() sees it).
         if sparse is not None:
-            return Staged(view, written, None, staged.source, sparse[0], sparse[1])
+            return Staged(view, written, None, fd, sparse[0], sparse[1])
         copied = _changed_blocks(plan)
         if copied is None:  # not in whole blocks: written from the mapping
             return Staged(view, written, staged.mapping)
-        return Staged(view, written, staged.mapping, os.dup(fd), copied)
+        return Staged(view, written, staged.mapping, fd, copied)
     except BaseException:
         staged.close()
         raise
 
 
-def _sparse_view(
-    fd: int, plan: ckpt.Plan, buf: DirectBuffer, sparse: tuple[_Ranges, _Ranges]
-) -> Staged | None:
-    """The dump's archive in ``buf`` but for its holes (``sparse``: what
-    :func:`_sparse` gives), read there (a few KiB); None on a short read."""
+def _sparse_view(fd: int, plan: ckpt.Plan, buf: DirectBuffer, holes: _Ranges) -> Staged | None:
+    """The dump's archive in ``buf`` but for its ``holes`` (what :func:`_sparse` gives),
+    read there (a few KiB); None on a short read. The Staged does not hold ``fd`` (its
+    close() leaves it open)."""
     view = buf.view(plan.total)[: plan.total]
-    copied, holes = sparse
     pos = 0
     for begin, end in (*holes, (plan.total, plan.total)):
         if pos < begin and os.preadv(fd, [view[pos:begin]], pos) != begin - pos:
             return None
         pos = end
-    return Staged(view, ckpt.Written(0, 0), None, os.dup(fd), copied, holes)
+    return Staged(view, ckpt.Written(0, 0))
 
 
 _Ranges = tuple[tuple[int, int], ...]
