@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """One commit thread's CPU per committed byte, by the calls it spends it in.
 
-``Committer.commit_files`` (the daemon's fast path: a v2 dump mapped, its ids checked, its
-headers, mask and CRC fields put in private pages, written with ``O_DIRECT`` from the
-mapping; with ``--layout safetensors`` a v1 dump read into its slot, checked for NaN/Inf and
+``Committer.commit_files`` (the daemon's fast path: all of a v2 dump but its states' blocks
+read into the thread's buffer, its ids checked, its headers, mask and CRC fields put there,
+written with ``O_DIRECT`` from the buffer with the states' blocks spliced from the dump
+between, or with ``--pages mapped`` from a private mapping; with ``--layout safetensors`` a v1 dump read into its slot, checked for NaN/Inf and
 CRC'd in cache-sized chunks, written with ``O_DIRECT``; then fdatasync'ed, renamed) over
 ``--samples`` dumps of ``--tokens`` x h``--hidden`` bfloat16 states (3 aux
 layers) in /dev/shm, batches of 8, on this thread; each call of interest wrapped to add
@@ -112,7 +113,7 @@ def main() -> int:
     splice.mmap = _Mmap(_timed(mmap.mmap, "mmap", acc))  # type: ignore[assignment]
     splice.read_trailer = _timed(splice.read_trailer, "trailer", acc)
     splice._same_layout = _timed(splice._same_layout, "headers compared", acc)
-    splice.Staged.close = _timed(splice.Staged.close, "unmap", acc)  # type: ignore[method-assign]
+    splice.Staged.close = _timed(splice.Staged.close, "staged close", acc)  # type: ignore[method-assign]
     from eagle3d.remote import storedtype
     from eagle3d.store.sizing import file_bytes_at_most
 
