@@ -144,6 +144,35 @@ async def test_catch_up_from_seq_uses_tail_then_journal(tmp_path) -> None:
     await d.close()
 
 
+async def test_records_nobody_needs_are_never_encoded_and_the_tail_sends_the_journals_frames(
+    tmp_path, monkeypatch
+) -> None:
+    """Publishing costs no encoding until a subscriber needs a record; what the tail then
+    sends is byte for byte the journal's frame of it."""
+    from eagle3d.serve import server
+
+    encoded: list[bytes] = []
+    real = server.encode_frame
+
+    def counted(payload: bytes) -> bytes:
+        encoded.append(payload)
+        return real(payload)
+
+    monkeypatch.setattr(server, "encode_frame", counted)
+    d = Daemon(str(tmp_path), tail_size=10)
+    await d.server.start()
+    await d.emit(30)
+    assert encoded == []  # thirty records published to nobody
+    c = await Client.connect(d.path, since=24)
+    await c.read_until(record_seq_is(29))
+    assert c.seqs() == list(range(25, 30))
+    assert len(encoded) == 5  # the five the subscriber needed, from the tail
+    journal = dict(read_journal_frames(d.jdir, 25, 29))
+    assert [real(p) for p in encoded] == [journal[seq] for seq in range(25, 30)]
+    c.close()
+    await d.close()
+
+
 async def test_once_mode_gets_snapshot_and_bye(tmp_path) -> None:
     d = Daemon(str(tmp_path))
     await d.server.start()
