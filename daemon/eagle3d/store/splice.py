@@ -272,7 +272,7 @@ def _stage_mapped(
         return None
     sparse = _sparse(plan) if buf is not None else None
     if buf is not None and sparse is not None:
-        staged = _sparse_view(fd, plan, buf, sparse[1])
+        staged = _sparse_view(fd, plan, buf, sparse[0])
         if staged is None:
             return None
     else:
@@ -314,16 +314,14 @@ def _stage_mapped(
         raise
 
 
-def _sparse_view(fd: int, plan: ckpt.Plan, buf: DirectBuffer, holes: _Ranges) -> Staged | None:
-    """The dump's archive in ``buf`` but for its ``holes`` (what :func:`_sparse` gives),
-    read there (a few KiB); None on a short read. The Staged does not hold ``fd`` (its
-    close() leaves it open)."""
+def _sparse_view(fd: int, plan: ckpt.Plan, buf: DirectBuffer, copied: _Ranges) -> Staged | None:
+    """The dump's archive in ``buf``, its ``copied`` ranges (what :func:`_sparse` gives: all
+    but the holes) read there (a few KiB); None on a short read. The Staged does not hold
+    ``fd`` (its close() leaves it open)."""
     view = buf.view(plan.total)[: plan.total]
-    pos = 0
-    for begin, end in (*holes, (plan.total, plan.total)):
-        if pos < begin and os.preadv(fd, [view[pos:begin]], pos) != begin - pos:
+    for begin, end in copied:
+        if os.preadv(fd, [view[begin:end]], begin) != end - begin:
             return None
-        pos = end
     return Staged(view, ckpt.Written(0, 0))
 
 
