@@ -189,10 +189,11 @@ def test_every_dump_descriptor_is_closed_whatever_the_verdict(pages: str, tmp_pa
 
 def _open_on(path: str) -> int:
     """How many of this process's descriptors are open on ``path``."""
+    target = os.path.realpath(path)  # /proc names the file by its resolved path
     n = 0
     for fd in os.listdir("/proc/self/fd"):
         with contextlib.suppress(OSError):  # the listing's own descriptor, closed by now
-            n += os.readlink(f"/proc/self/fd/{fd}") == path
+            n += os.readlink(f"/proc/self/fd/{fd}") == target
     return n
 
 
