@@ -50,14 +50,21 @@ class OutputIdentity:
         with self._lock:
             if not self._fds:
                 return ""
-            for path, what in (
-                (self.output, "output directory"),
-                (self.journal_dir, "journal directory"),
-            ):
-                problem = self._check_dir(path, what)
-                if problem:
-                    return problem
-            return self._check_segment() or self.rows.check()
+            problem = self._walk()
+            # A move or removal can land between two steps of the walk, which then names a
+            # path inside the one that changed (the journal "removed" when the output was
+            # moved): walk again so that the outermost path that changed is the one named.
+            return self._walk() or problem if problem else ""
+
+    def _walk(self) -> str:
+        for path, what in (
+            (self.output, "output directory"),
+            (self.journal_dir, "journal directory"),
+        ):
+            problem = self._check_dir(path, what)
+            if problem:
+                return problem
+        return self._check_segment() or self.rows.check()
 
     def _check_dir(self, path: str, what: str) -> str:
         try:
@@ -88,7 +95,8 @@ class OutputIdentity:
         try:
             st = os.stat(path)
         except FileNotFoundError:
-            return f"the journal {path} was removed during the run"
+            gone = mine.st_nlink == 0
+            return f"the journal {path} was {'removed' if gone else 'moved away'} during the run"
         except OSError as e:
             return f"the journal {path} cannot be reached ({e.strerror})"
         if (st.st_dev, st.st_ino) != (mine.st_dev, mine.st_ino):
