@@ -32,61 +32,46 @@ class _Out:
             hook()
         return str(self.segment), self.fd
 
-    def identity(self) -> OutputIdentity:
-        return OutputIdentity(str(self.out), str(self.jdir), self.segment_now)
-
 
 @pytest.fixture
-def laid(tmp_path: Path) -> Iterator[_Out]:
+def laid(tmp_path: Path) -> Iterator[tuple[_Out, OutputIdentity]]:
     o = _Out(tmp_path)
-    yield o
+    ident = OutputIdentity(str(o.out), str(o.jdir), o.segment_now)
+    yield o, ident
+    ident.close()
     os.close(o.fd)
 
 
-def test_nothing_changed_says_nothing(laid: _Out) -> None:
-    ident = laid.identity()
-    try:
-        assert ident.check() == ""
-    finally:
-        ident.close()
+def test_nothing_changed_says_nothing(laid: tuple[_Out, OutputIdentity]) -> None:
+    assert laid[1].check() == ""
 
 
-def test_the_output_moved_is_named_moved(laid: _Out) -> None:
-    ident = laid.identity()
-    try:
-        laid.out.rename(laid.root / "moved")
-        assert ident.check() == f"the output directory {laid.out} was moved away during the run"
-    finally:
-        ident.close()
+def test_the_output_moved_is_named_moved(laid: tuple[_Out, OutputIdentity]) -> None:
+    o, ident = laid
+    o.out.rename(o.root / "moved")
+    assert ident.check() == f"the output directory {o.out} was moved away during the run"
 
 
-def test_the_output_removed_is_named_removed(laid: _Out) -> None:
-    ident = laid.identity()
-    try:
-        shutil.rmtree(laid.out)
-        assert ident.check() == f"the output directory {laid.out} was removed during the run"
-    finally:
-        ident.close()
+def test_the_output_removed_is_named_removed(laid: tuple[_Out, OutputIdentity]) -> None:
+    o, ident = laid
+    shutil.rmtree(o.out)
+    assert ident.check() == f"the output directory {o.out} was removed during the run"
 
 
-def test_a_move_landing_mid_walk_names_the_output_not_the_journal(laid: _Out) -> None:
+def test_a_move_landing_mid_walk_names_the_output_not_the_journal(
+    laid: tuple[_Out, OutputIdentity],
+) -> None:
     # The output and journal directories pass, then the output is moved before the segment
     # is looked at: the segment's path is gone, but what happened is the output's move.
-    ident = laid.identity()
-    try:
-        laid.mid_walk = lambda: laid.out.rename(laid.root / "moved")
-        assert ident.check() == f"the output directory {laid.out} was moved away during the run"
-    finally:
-        ident.close()
+    o, ident = laid
+    o.mid_walk = lambda: o.out.rename(o.root / "moved")
+    assert ident.check() == f"the output directory {o.out} was moved away during the run"
 
 
-def test_the_segment_alone_removed_or_moved(laid: _Out) -> None:
-    ident = laid.identity()
-    try:
-        aside = laid.jdir / "aside.e3j"
-        laid.segment.rename(aside)
-        assert ident.check() == f"the journal {laid.segment} was moved away during the run"
-        aside.unlink()
-        assert ident.check() == f"the journal {laid.segment} was removed during the run"
-    finally:
-        ident.close()
+def test_the_segment_alone_moved_then_removed(laid: tuple[_Out, OutputIdentity]) -> None:
+    o, ident = laid
+    aside = o.jdir / "aside.e3j"
+    o.segment.rename(aside)
+    assert ident.check() == f"the journal {o.segment} was moved away during the run"
+    aside.unlink()
+    assert ident.check() == f"the journal {o.segment} was removed during the run"
