@@ -51,10 +51,12 @@ class OutputIdentity:
             if not self._fds:
                 return ""
             problem = self._walk()
+            if not problem:
+                return ""
             # A move or removal can land between two steps of the walk, which then names a
             # path inside the one that changed (the journal "removed" when the output was
             # moved): walk again so that the outermost path that changed is the one named.
-            return self._walk() or problem if problem else ""
+            return self._walk() or problem
 
     def _walk(self) -> str:
         for path, what in (
